@@ -1,0 +1,27 @@
+"""kotoba-vllm: an EDN-native client for vLLM, SGLang and llama.cpp inference servers."""
+
+from ._client import AsyncClient, AsyncStream, Client, Stream
+from ._edn import EdnError, Keyword, dumps, kw, pretty, read_file, read_forms
+from ._errors import (AdmissionRejected, BadRequest, KotobaError, NotReady, ProtocolError, RequestTimeout,
+                      ServerError, ServerFailure, StreamBroken, TransportError, Unreachable, ValidationError)
+from ._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, DetokenizeResponse,
+                     EmbeddingRequest, EmbeddingResponse, Figure, GenerateRequest, Health, Message, ModelInfo,
+                     ModelsResponse, Response, Sampling, StreamDelta, Timings, TokenizeRequest, TokenizeResponse,
+                     ToolCall, Usage, from_edn, to_edn)
+from ._problems import Problem
+from ._requests import request_from_edn, request_to_edn
+from ._validate import validate
+from .dialects import HttpRequest, get_dialect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionRejected", "AsyncClient", "AsyncStream", "BadRequest", "ChatRequest", "Choice", "Client",
+    "CompletionRequest", "ContentPart", "DetokenizeRequest", "DetokenizeResponse", "EdnError", "EmbeddingRequest",
+    "EmbeddingResponse", "Figure", "GenerateRequest", "Health", "HttpRequest", "Keyword", "KotobaError", "Message",
+    "ModelInfo", "ModelsResponse", "NotReady", "Problem", "ProtocolError", "RequestTimeout", "Response", "Sampling",
+    "ServerError", "ServerFailure", "Stream", "StreamBroken", "StreamDelta", "Timings", "TokenizeRequest",
+    "TokenizeResponse", "ToolCall", "TransportError", "Unreachable", "Usage", "ValidationError", "__version__",
+    "dumps", "from_edn", "get_dialect", "kw", "pretty", "read_file", "read_forms", "request_from_edn",
+    "request_to_edn", "to_edn", "validate",
+]

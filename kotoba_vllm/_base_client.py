@@ -1,0 +1,275 @@
+"""Every decision the sync and async clients share; they differ only at I/O call sites.
+
+Holds: turning input into a typed request, validating, choosing the dialect, building
+the URL and headers, mapping answers and transport failures to typed results, the
+stale-keep-alive resend rule, and the pure backend-detection decision.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable, Mapping
+
+import attrs
+import httpx
+
+from ._codec import StructureError
+from ._edn import Keyword
+from ._errors import (KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError, Unreachable,
+                      ValidationError)
+from ._model import (BACKENDS, ChatRequest, CompletionRequest, GenerateRequest, Message, Request, Sampling,
+                     StreamDelta)
+from ._problems import Problem
+from ._requests import request_from_edn
+from ._timings import ClientClock
+from ._validate import validate
+from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
+from .dialects._http import decode_json
+
+DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+DETECT_TIMEOUT = httpx.Timeout(3.0)
+API_KEY_ENV = "KOTOBA_VLLM_API_KEY"
+BASE_URL_ENV = "KOTOBA_VLLM_BASE_URL"
+USER_AGENT = "kotoba-vllm/0.1"
+
+# Probed in order by backend="auto": (path, backend, test on the JSON answer)
+DETECTION_PROBES: tuple[tuple[str, str], ...] = (
+    ("/props", "llamacpp"),
+    ("/server_info", "sglang"),
+    ("/get_server_info", "sglang"),
+    ("/version", "vllm"),
+)
+
+
+def decide_backend(path: str, status: int, body: Any) -> str | None:
+    """Pure: does this probe answer identify an engine?"""
+    if status != 200 or not isinstance(body, dict):
+        return None
+    if path == "/props" and ("default_generation_settings" in body or "total_slots" in body):
+        return "llamacpp"
+    if path in ("/server_info", "/get_server_info") and ("tokenizer_path" in body or "model_path" in body
+                                                         or "version" in body):
+        return "sglang"
+    if path == "/version" and isinstance(body.get("version"), str):
+        return "vllm"
+    return None
+
+
+def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
+    if not kwargs:
+        return None
+    fields = attrs.fields_dict(Sampling)
+    unknown = [k for k in kwargs if k not in fields]
+    if unknown:
+        raise ValidationError([Problem("error", "sampling/unknown", f"unknown sampling argument {k!r}", field=k)
+                               for k in unknown])
+    return Sampling(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()})
+
+
+def as_messages(messages: str | Iterable[Any]) -> tuple[Message, ...]:
+    """A string (one user turn), typed messages, EDN message maps or OpenAI-style dicts."""
+    if isinstance(messages, str):
+        return (Message(role="user", content=messages),)
+    out = []
+    for m in messages:
+        if isinstance(m, Message):
+            out.append(m)
+        elif isinstance(m, dict) and all(isinstance(k, str) for k in m):
+            out.append(Message(role=m["role"], content=m.get("content"), name=m.get("name"),
+                               tool_call_id=m.get("tool_call_id")))
+        else:
+            from ._model import from_edn
+            out.append(from_edn(m, Message))
+    return tuple(out)
+
+
+@attrs.frozen
+class Plan:
+    """One request ready for the wire."""
+
+    request: Request
+    dialect: Dialect
+    http: HttpRequest
+    url: str
+    base_url: str
+
+
+class Attempt:
+    """httpx trace hook: did this attempt open a new connection, and did any response byte arrive?"""
+
+    __slots__ = ("new_connection", "got_response")
+
+    def __init__(self) -> None:
+        self.new_connection = False
+        self.got_response = False
+
+    def __call__(self, name: str, info: Mapping[str, Any]) -> None:
+        if name.startswith("connection.connect_tcp") or name.startswith("connection.connect_unix"):
+            self.new_connection = True
+        elif name.startswith("http11.receive_response_headers.complete") or \
+                name.startswith("http2.receive_response_headers.complete"):
+            self.got_response = True
+
+
+STALE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def may_resend(exc: BaseException, attempt: Attempt) -> bool:
+    """Resend exactly when a *reused* keep-alive connection failed before any response byte:
+    the server closed it and never read our request. A response (a 429 included) is never resent."""
+    return isinstance(exc, STALE_ERRORS) and not attempt.new_connection and not attempt.got_response
+
+
+def transport_error(exc: BaseException, url: str, timeout: httpx.Timeout, partial: str | None = None) -> KotobaError:
+    """Map an httpx failure to a typed error (pure)."""
+    if isinstance(exc, httpx.TimeoutException):
+        phase = {httpx.ConnectTimeout: "connect", httpx.ReadTimeout: "read", httpx.WriteTimeout: "write",
+                 httpx.PoolTimeout: "pool"}.get(type(exc), "read")
+        limit = getattr(timeout, phase, None)
+        return RequestTimeout(f"{phase} timeout after {limit} s talking to {url}", phase=phase, limit_s=limit,
+                              endpoint=url, partial_text=partial)
+    if isinstance(exc, httpx.ConnectError):
+        return Unreachable(f"cannot connect to {url}: {exc}", endpoint=url)
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return Unreachable(f"bad URL {url}: {exc}", endpoint=url)
+    if partial is not None:
+        return StreamBroken(f"stream from {url} broke: {exc or type(exc).__name__}", partial_text=partial,
+                            endpoint=url)
+    return TransportError(f"{url}: {exc or type(exc).__name__}", endpoint=url)
+
+
+class StreamRun:
+    """Pure-ish driver of one stream: feeds SSE payloads into the dialect's decoder and keeps the clock."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.decoder: ChunkStream = plan.dialect.stream_decoder(plan.request, plan.url)
+        self.sent = time.perf_counter()
+        self.first: float | None = None
+        self.token_times: list[float] = []
+        self.finished = False
+
+    def on_data(self, data: str, event: str | None = None) -> list[StreamDelta]:
+        if event == "error":
+            obj = decode_json(data.encode())
+            from .dialects._http import stream_error
+            raise stream_error(obj if isinstance(obj, dict) else {"message": data}, self.plan.url,
+                               self.decoder.partial_text)
+        deltas = self.decoder.feed(data)
+        if deltas:
+            now = time.perf_counter()
+            for d in deltas:
+                if d.delta or d.reasoning:
+                    if self.first is None:
+                        self.first = now
+                    self.token_times.append(now)
+                if d.finish_reason is not None:
+                    self.finished = True
+        if self.decoder.done:
+            self.finished = True
+        return deltas
+
+    def on_end(self) -> Any:
+        if not self.finished:
+            raise StreamBroken(f"stream from {self.plan.url} ended before the server finished",
+                               partial_text=self.decoder.partial_text, endpoint=self.plan.url)
+        clock = ClientClock(sent=self.sent, first_token=self.first,
+                            last_token=self.token_times[-1] if self.token_times else None, done=time.perf_counter(),
+                            token_times=tuple(self.token_times))
+        return self.decoder.response(clock)
+
+    @property
+    def partial_text(self) -> str:
+        return self.decoder.partial_text
+
+
+class BaseClient:
+    def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
+                 timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
+                 model: str | None = None) -> None:
+        if backend != "auto" and backend not in BACKENDS:
+            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+        self.base_url = (base_url or os.environ.get(BASE_URL_ENV) or "http://127.0.0.1:8000").rstrip("/")
+        self._backend = backend
+        self._detected: dict[str, str] = {}
+        self.__api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else (
+            DEFAULT_TIMEOUT if timeout is None else httpx.Timeout(timeout))
+        self.model = model
+        h = {"user-agent": USER_AGENT, "accept": "application/json"}
+        if headers:
+            h.update({k.lower(): v for k, v in headers.items()})
+        if self.__api_key:
+            h["authorization"] = f"Bearer {self.__api_key}"
+        self._headers = h
+
+    def __repr__(self) -> str:  # the key is never shown
+        key = ", api_key=<set>" if self.__api_key else ""
+        return f"{type(self).__name__}(base_url={self.base_url!r}, backend={self._backend!r}{key})"
+
+    @property
+    def backend(self) -> str:
+        """The configured backend, or the one detected for the default base URL ("auto" until detected)."""
+        return self._detected.get(self.base_url, self._backend)
+
+    # ------------------------------------------------------------ decisions
+
+    def _to_request(self, request: Any) -> Request:
+        if isinstance(request, dict) and all(isinstance(k, Keyword) for k in request):
+            req, problems = request_from_edn(request)
+            if req is None:
+                raise ValidationError(problems)
+            return req
+        if isinstance(request, dict):
+            raise ValidationError([Problem("error", "request/type", "a request map needs :vllm/* keyword keys")])
+        if not hasattr(request, "endpoint"):
+            raise ValidationError([Problem("error", "request/type", f"not a request: {type(request).__name__}")])
+        return request  # type: ignore[no-any-return]
+
+    def _with_defaults(self, req: Request) -> Request:
+        if req.model is None and self.model is not None:
+            return attrs.evolve(req, model=self.model)  # type: ignore[misc]
+        return req
+
+    def _base_for(self, req: Request) -> str:
+        return (req.base_url or self.base_url).rstrip("/")
+
+    def _backend_for(self, base: str) -> str | None:
+        if self._backend != "auto":
+            return self._backend
+        return self._detected.get(base)
+
+    def _plan(self, req: Request, backend: str) -> Plan:
+        problems = validate(req, backend)
+        if any(p.is_error for p in problems):
+            raise ValidationError(problems, endpoint=self._base_for(req))
+        dialect = get_dialect(backend)
+        http = dialect.render(req)
+        base = self._base_for(req)
+        return Plan(req, dialect, http, base + http.path, base)
+
+    def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> Any:
+        if status >= 400:
+            raise classify_error(status, raw, headers, plan.url)
+        obj = decode_json(raw)
+        if obj is None:
+            raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
+        clock = ClientClock(sent=sent, done=time.perf_counter())
+        return plan.dialect.parse(plan.request, obj, plan.url, clock)
+
+    def _timeout_for(self, timeout: float | httpx.Timeout | None) -> httpx.Timeout:
+        if timeout is None:
+            return self.timeout
+        return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+
+    def _chat_request(self, messages: Any, model: str | None, tools: Any, stream: bool,
+                      sampling: Mapping[str, Any], extras: Mapping[str, Any] | None) -> ChatRequest:
+        return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
+                           stream=stream or None, tools=tools, extras=dict(extras or {}))
+
+    def _completion_request(self, prompt: str, model: str | None, stream: bool, sampling: Mapping[str, Any],
+                            extras: Mapping[str, Any] | None, native: bool) -> Request:
+        cls = GenerateRequest if native else CompletionRequest
+        return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,
+                   extras=dict(extras or {}))

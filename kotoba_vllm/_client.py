@@ -1,0 +1,419 @@
+"""`Client` (httpx.Client) and `AsyncClient` (httpx.AsyncClient): I/O only.
+
+Every decision lives in `_base_client`; these classes move bytes. One call sends one
+request; the only resend is onto a fresh connection after a reused keep-alive one
+failed before any response byte (see `may_resend`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
+
+import httpx
+from httpx_sse import EventSource, SSEError
+
+from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, Attempt, BaseClient, Plan, StreamRun, decide_backend,
+                           may_resend, transport_error)
+from ._errors import KotobaError, ProtocolError
+from ._model import (DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
+                     ModelsResponse, Response, StreamDelta, TokenizeRequest, TokenizeResponse)
+from .dialects import classify_error, get_dialect
+from .dialects._http import decode_json
+
+MAX_RESENDS = 4  # bounded by stale pooled connections; a fresh one is never resent
+
+
+def _limits() -> httpx.Limits:
+    return httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=5.0)
+
+
+class Stream:
+    """A streamed answer: iterate for `StreamDelta`s; `.response` is the assembled answer after the end.
+
+    Closing early (or leaving the `with` block) closes the connection."""
+
+    def __init__(self, client: "Client", plan: Plan, response: httpx.Response) -> None:
+        self._client, self._plan, self._http = client, plan, response
+        self._run = StreamRun(plan)
+        self.response: Response | None = None
+
+    @property
+    def partial_text(self) -> str:
+        return self._run.partial_text
+
+    @property
+    def endpoint_url(self) -> str:
+        return self._plan.url
+
+    def __iter__(self) -> Iterator[StreamDelta]:
+        run, plan = self._run, self._plan
+        try:
+            try:
+                for sse in EventSource(self._http).iter_sse():
+                    yield from run.on_data(sse.data, sse.event if sse.event != "message" else None)
+            except SSEError as e:
+                raise ProtocolError(f"not an event stream: {e}", endpoint=plan.url,
+                                    partial_text=run.partial_text) from None
+            except httpx.HTTPError as e:
+                raise transport_error(e, plan.url, self._client._timeout_for(None), run.partial_text) from e
+            self.response = run.on_end()
+        finally:
+            self._http.close()
+
+    def until_done(self) -> Response:
+        """Consume the rest and return the assembled response."""
+        for _ in self:
+            pass
+        assert self.response is not None
+        return self.response
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncStream:
+    """Async twin of `Stream`. Cancelling the consuming task closes the connection."""
+
+    def __init__(self, client: "AsyncClient", plan: Plan, response: httpx.Response) -> None:
+        self._client, self._plan, self._http = client, plan, response
+        self._run = StreamRun(plan)
+        self.response: Response | None = None
+
+    @property
+    def partial_text(self) -> str:
+        return self._run.partial_text
+
+    @property
+    def endpoint_url(self) -> str:
+        return self._plan.url
+
+    async def __aiter__(self) -> AsyncIterator[StreamDelta]:
+        run, plan = self._run, self._plan
+        try:
+            try:
+                async for sse in EventSource(self._http).aiter_sse():
+                    for d in run.on_data(sse.data, sse.event if sse.event != "message" else None):
+                        yield d
+            except SSEError as e:
+                raise ProtocolError(f"not an event stream: {e}", endpoint=plan.url,
+                                    partial_text=run.partial_text) from None
+            except httpx.HTTPError as e:
+                raise transport_error(e, plan.url, self._client._timeout_for(None), run.partial_text) from e
+            self.response = run.on_end()
+        finally:
+            await self._http.aclose()
+
+    async def until_done(self) -> Response:
+        async for _ in self:
+            pass
+        assert self.response is not None
+        return self.response
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class Client(BaseClient):
+    """Synchronous client. `Client(base_url, backend="auto"|"vllm"|"sglang"|"llamacpp"|"openai")`."""
+
+    def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
+                 timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
+                 model: str | None = None, verify: bool = True, http_client: httpx.Client | None = None) -> None:
+        super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+        self._http = http_client or httpx.Client(timeout=self.timeout, verify=verify, limits=_limits())
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ I/O primitives
+
+    def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
+        http = plan.http
+        for _ in range(MAX_RESENDS + 1):
+            attempt = Attempt()
+            request = self._http.build_request(http.method, plan.url, json=http.body, headers=self._headers,
+                                               timeout=timeout, extensions={"trace": attempt})
+            try:
+                return self._http.send(request, stream=stream)
+            except httpx.HTTPError as e:
+                if may_resend(e, attempt):
+                    continue
+                raise transport_error(e, plan.url, timeout) from e
+        raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
+
+    def detect_backend(self, base_url: str | None = None) -> str:
+        """Ask the server's own endpoints which engine it is (cached per base URL)."""
+        base = (base_url or self.base_url).rstrip("/")
+        if self._backend != "auto":
+            return self._backend
+        if base in self._detected:
+            return self._detected[base]
+        found = "openai"
+        for path, _ in DETECTION_PROBES:
+            try:
+                r = self._http.get(base + path, headers=self._headers, timeout=DETECT_TIMEOUT)
+            except httpx.HTTPError as e:
+                if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+                    raise transport_error(e, base + path, DETECT_TIMEOUT) from e
+                continue
+            hit = decide_backend(path, r.status_code, decode_json(r.content))
+            if hit:
+                found = hit
+                break
+        self._detected[base] = found
+        return found
+
+    def _prepare(self, request: Any) -> Plan:
+        req = self._with_defaults(self._to_request(request))
+        backend = self._backend_for(self._base_for(req)) or self.detect_backend(self._base_for(req))
+        return self._plan(req, backend)
+
+    # ------------------------------------------------------------ the surface
+
+    def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> Any:
+        """Send a typed request or an EDN request map; return the typed answer.
+        A streaming request is consumed and its assembled response returned."""
+        plan = self._prepare(request)
+        t = self._timeout_for(timeout)
+        if plan.http.stream:
+            return self._open_stream(plan, t).until_done()
+        sent = time.perf_counter()
+        r = self._send(plan, t, stream=False)
+        return self._finish(plan, r.status_code, r.headers, r.content, sent)
+
+    def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> Stream:
+        """Open a stream for a typed request or EDN map (streaming is switched on)."""
+        import attrs
+        req = self._to_request(request)
+        if not req.stream:
+            req = attrs.evolve(req, stream=True)  # type: ignore[misc]
+        return self._open_stream(self._prepare(req), self._timeout_for(timeout))
+
+    def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> Stream:
+        r = self._send(plan, timeout, stream=True)
+        if r.status_code >= 400:
+            try:
+                raw = r.read()
+            except httpx.HTTPError as e:
+                raise transport_error(e, plan.url, timeout) from e
+            finally:
+                r.close()
+            raise classify_error(r.status_code, raw, r.headers, plan.url)
+        return Stream(self, plan, r)
+
+    def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
+             extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Response:
+        return self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
+
+    def stream_chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
+                    extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Stream:
+        return self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
+
+    def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
+                   extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Response:
+        """`/v1/completions`, or the engine's native route (`native=True`: llama.cpp `/completion`, SGLang `/generate`)."""
+        return self.send(self._completion_request(prompt, model, False, sampling, extras, native), timeout=timeout)
+
+    def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
+                          extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                          **sampling: Any) -> Stream:
+        return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout)
+
+    def embeddings(self, input: str | Iterable[str], *, model: str | None = None) -> EmbeddingResponse:
+        return self.send(EmbeddingRequest(input=input if isinstance(input, str) else tuple(input), model=model))
+
+    def tokenize(self, text: str, *, model: str | None = None, add_special: bool | None = None) -> TokenizeResponse:
+        return self.send(TokenizeRequest(text=text, model=model, add_special=add_special))
+
+    def detokenize(self, tokens: Iterable[int], *, model: str | None = None) -> DetokenizeResponse:
+        return self.send(DetokenizeRequest(tokens=tuple(tokens), model=model))
+
+    def models(self) -> ModelsResponse:
+        backend = self.detect_backend()
+        dialect = get_dialect(backend)
+        url = self.base_url + dialect.models_path
+        try:
+            r = self._http.get(url, headers=self._headers, timeout=self.timeout)
+        except httpx.HTTPError as e:
+            raise transport_error(e, url, self.timeout) from e
+        if r.status_code >= 400:
+            raise classify_error(r.status_code, r.content, r.headers, url)
+        return dialect.parse_models(decode_json(r.content), url)
+
+    def health(self) -> Health:
+        """Never raises for an answer: `ok` false with the status and the server's message."""
+        backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
+        url = self.base_url + get_dialect(backend).health_path
+        try:
+            r = self._http.get(url, headers=self._headers, timeout=DETECT_TIMEOUT)
+        except httpx.HTTPError as e:
+            err: KotobaError = transport_error(e, url, DETECT_TIMEOUT)
+            return Health(ok=False, status=None, endpoint_url=url, detail=err.message)
+        detail = None if r.status_code == 200 else r.text[:300]
+        return Health(ok=r.status_code == 200, status=r.status_code, endpoint_url=url,
+                      backend=self._backend_for(self.base_url), detail=detail)
+
+
+class AsyncClient(BaseClient):
+    """Asynchronous twin of `Client`, on `httpx.AsyncClient`."""
+
+    def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
+                 timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
+                 model: str | None = None, verify: bool = True,
+                 http_client: httpx.AsyncClient | None = None) -> None:
+        super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, verify=verify, limits=_limits())
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
+        http = plan.http
+        for _ in range(MAX_RESENDS + 1):
+            attempt = Attempt()
+            request = self._http.build_request(http.method, plan.url, json=http.body, headers=self._headers,
+                                               timeout=timeout, extensions={"trace": attempt})
+            try:
+                return await self._http.send(request, stream=stream)
+            except httpx.HTTPError as e:
+                if may_resend(e, attempt):
+                    continue
+                raise transport_error(e, plan.url, timeout) from e
+        raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
+
+    async def detect_backend(self, base_url: str | None = None) -> str:
+        base = (base_url or self.base_url).rstrip("/")
+        if self._backend != "auto":
+            return self._backend
+        if base in self._detected:
+            return self._detected[base]
+        found = "openai"
+        for path, _ in DETECTION_PROBES:
+            try:
+                r = await self._http.get(base + path, headers=self._headers, timeout=DETECT_TIMEOUT)
+            except httpx.HTTPError as e:
+                if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+                    raise transport_error(e, base + path, DETECT_TIMEOUT) from e
+                continue
+            hit = decide_backend(path, r.status_code, decode_json(r.content))
+            if hit:
+                found = hit
+                break
+        self._detected[base] = found
+        return found
+
+    async def _prepare(self, request: Any) -> Plan:
+        req = self._with_defaults(self._to_request(request))
+        backend = self._backend_for(self._base_for(req)) or await self.detect_backend(self._base_for(req))
+        return self._plan(req, backend)
+
+    async def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> Any:
+        plan = await self._prepare(request)
+        t = self._timeout_for(timeout)
+        if plan.http.stream:
+            return await (await self._open_stream(plan, t)).until_done()
+        sent = time.perf_counter()
+        r = await self._send(plan, t, stream=False)
+        return self._finish(plan, r.status_code, r.headers, r.content, sent)
+
+    async def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> AsyncStream:
+        import attrs
+        req = self._to_request(request)
+        if not req.stream:
+            req = attrs.evolve(req, stream=True)  # type: ignore[misc]
+        return await self._open_stream(await self._prepare(req), self._timeout_for(timeout))
+
+    async def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> AsyncStream:
+        r = await self._send(plan, timeout, stream=True)
+        if r.status_code >= 400:
+            try:
+                raw = await r.aread()
+            except httpx.HTTPError as e:
+                raise transport_error(e, plan.url, timeout) from e
+            finally:
+                await r.aclose()
+            raise classify_error(r.status_code, raw, r.headers, plan.url)
+        return AsyncStream(self, plan, r)
+
+    async def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
+                   extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                   **sampling: Any) -> Response:
+        return await self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
+
+    async def stream_chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
+                          extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                          **sampling: Any) -> AsyncStream:
+        return await self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
+
+    async def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
+                         extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                         **sampling: Any) -> Response:
+        return await self.send(self._completion_request(prompt, model, False, sampling, extras, native),
+                               timeout=timeout)
+
+    async def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
+                                extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                                **sampling: Any) -> AsyncStream:
+        return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
+                                 timeout=timeout)
+
+    async def embeddings(self, input: str | Iterable[str], *, model: str | None = None) -> EmbeddingResponse:
+        return await self.send(EmbeddingRequest(input=input if isinstance(input, str) else tuple(input), model=model))
+
+    async def tokenize(self, text: str, *, model: str | None = None,
+                       add_special: bool | None = None) -> TokenizeResponse:
+        return await self.send(TokenizeRequest(text=text, model=model, add_special=add_special))
+
+    async def detokenize(self, tokens: Iterable[int], *, model: str | None = None) -> DetokenizeResponse:
+        return await self.send(DetokenizeRequest(tokens=tuple(tokens), model=model))
+
+    async def models(self) -> ModelsResponse:
+        backend = await self.detect_backend()
+        dialect = get_dialect(backend)
+        url = self.base_url + dialect.models_path
+        try:
+            r = await self._http.get(url, headers=self._headers, timeout=self.timeout)
+        except httpx.HTTPError as e:
+            raise transport_error(e, url, self.timeout) from e
+        if r.status_code >= 400:
+            raise classify_error(r.status_code, r.content, r.headers, url)
+        return dialect.parse_models(decode_json(r.content), url)
+
+    async def health(self) -> Health:
+        backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
+        url = self.base_url + get_dialect(backend).health_path
+        try:
+            r = await self._http.get(url, headers=self._headers, timeout=DETECT_TIMEOUT)
+        except httpx.HTTPError as e:
+            err: KotobaError = transport_error(e, url, DETECT_TIMEOUT)
+            return Health(ok=False, status=None, endpoint_url=url, detail=err.message)
+        detail = None if r.status_code == 200 else r.text[:300]
+        return Health(ok=r.status_code == 200, status=r.status_code, endpoint_url=url,
+                      backend=self._backend_for(self.base_url), detail=detail)

@@ -1,0 +1,390 @@
+"""EDN <-> typed conversion rules, registered once on a cattrs converter.
+
+Each attrs field says its EDN key and its codec in field metadata (see `edn_field`).
+The generated hooks turn EDN maps into frozen attrs instances and back; bad input
+becomes `Problem`s that name the key and, for located forms, file:line:column.
+JSON-like values (tool schemas, guided JSON) are kept as EDN and turned into JSON
+only when a dialect renders a request (`edn_to_json`).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any, Callable, Iterable, TypeVar
+
+import attrs
+import cattrs
+
+from ._edn import Char, Form, Keyword, Symbol, kw
+from ._problems import Problem
+
+T = TypeVar("T")
+
+edn_converter = cattrs.Converter()
+
+
+class StructureError(ValueError):
+    """The EDN could not become the typed value; `problems` says where and why."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+class Ctx:
+    """Collects problems while structuring; knows the form for positions."""
+
+    __slots__ = ("problems", "form")
+
+    def __init__(self, form: Form | None = None) -> None:
+        self.problems: list[Problem] = []
+        self.form = form
+
+    def where(self, mapping: Any, key: Any) -> str | None:
+        if self.form is None:
+            return None
+        loc = self.form.locate(mapping, key)
+        if loc is None:
+            return self.form.where
+        return f"{self.form.source}:{loc[0]}:{loc[1]}"
+
+    def bad(self, code: str, msg: str, field: str | None, mapping: Any = None, key: Any = None) -> None:
+        self.problems.append(Problem("error", code, msg, field=field, where=self.where(mapping, key)))
+
+
+class _Bad(Exception):
+    def __init__(self, msg: str) -> None:
+        self.msg = msg
+
+
+# ------------------------------------------------------------------ codecs
+
+
+class Codec:
+    """to_edn: typed value -> EDN value; from_edn: EDN -> typed (raise _Bad)."""
+
+    name = "value"
+
+    def to_edn(self, v: Any) -> Any:
+        return v
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        return v
+
+
+class _Scalar(Codec):
+    def __init__(self, name: str, check: Callable[[Any], bool], conv: Callable[[Any], Any] = lambda v: v) -> None:
+        self.name, self.check, self.conv = name, check, conv
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if not self.check(v):
+            raise _Bad(f"expected {self.name}, got {describe(v)}")
+        return self.conv(v)
+
+
+STR = _Scalar("a string", lambda v: type(v) is str)
+INT = _Scalar("an integer", lambda v: type(v) is int)
+NUM = _Scalar("a number", lambda v: type(v) in (int, float) or isinstance(v, Decimal),
+              lambda v: float(v) if isinstance(v, Decimal) else v)
+BOOL = _Scalar("true or false", lambda v: type(v) is bool)
+INT_OR_BOOL = _Scalar("an integer or true/false", lambda v: type(v) in (int, bool))
+
+
+class _Kw(Codec):
+    """A keyword in EDN, its name as str in Python (`:user` <-> "user")."""
+
+    def __init__(self, choices: Iterable[str] | None = None, namespace: str | None = None) -> None:
+        self.choices = tuple(choices) if choices else None
+        self.namespace = namespace
+        self.name = "one of " + " ".join(":" + c for c in self.choices) if self.choices else "a keyword"
+
+    def to_edn(self, v: Any) -> Any:
+        return kw(f"{self.namespace}/{v}" if self.namespace else v)
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if not isinstance(v, Keyword):
+            raise _Bad(f"expected {self.name}, got {describe(v)}")
+        name = v.name
+        if self.namespace:
+            if not name.startswith(self.namespace + "/"):
+                raise _Bad(f"expected a :{self.namespace}/ keyword, got {v}")
+            name = name[len(self.namespace) + 1:]
+        if self.choices and name not in self.choices:
+            raise _Bad(f"expected {self.name}, got {v}")
+        return name
+
+
+def KW(*choices: str, namespace: str | None = None) -> Codec:
+    return _Kw(choices or None, namespace)
+
+
+class _Many(Codec):
+    def __init__(self, item: Codec) -> None:
+        self.item, self.name = item, f"a vector of {item.name}"
+
+    def to_edn(self, v: Any) -> Any:
+        return [self.item.to_edn(x) for x in v]
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if not isinstance(v, (list, tuple)):
+            raise _Bad(f"expected {self.name}, got {describe(v)}")
+        return tuple(self.item.from_edn(x, ctx, field) for x in v)
+
+
+def MANY(item: Codec) -> Codec:
+    return _Many(item)
+
+
+class _OneOf(Codec):
+    """First codec that accepts the value wins (e.g. a string or a vector of strings)."""
+
+    def __init__(self, *options: Codec) -> None:
+        self.options, self.name = options, " or ".join(o.name for o in options)
+
+    def to_edn(self, v: Any) -> Any:
+        for o in self.options:
+            if isinstance(o, _Many) and isinstance(v, tuple):
+                return o.to_edn(v)
+            if isinstance(o, _Nested) and isinstance(v, o.cls):
+                return o.to_edn(v)
+        return v
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        for o in self.options:
+            try:
+                return o.from_edn(v, ctx, field)
+            except _Bad:
+                continue
+        raise _Bad(f"expected {self.name}, got {describe(v)}")
+
+
+def ONE_OF(*options: Codec) -> Codec:
+    return _OneOf(*options)
+
+
+class _Nested(Codec):
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.name = f"a {cls.__name__} map"
+
+    def to_edn(self, v: Any) -> Any:
+        return edn_converter.unstructure(v)
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if not isinstance(v, dict):
+            raise _Bad(f"expected {self.name}, got {describe(v)}")
+        out = _structure_map(self.cls, v, ctx)
+        if out is None:
+            raise _Bad("")  # problems already recorded inside
+        return out
+
+
+def NESTED(cls: type) -> Codec:
+    return _Nested(cls)
+
+
+class _Json(Codec):
+    """JSON-like data kept as EDN (maps, vectors, strings, numbers, keywords)."""
+
+    name = "JSON-like data"
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        bad = _non_json(v)
+        if bad is not None:
+            raise _Bad(f"cannot be sent as JSON: {bad}")
+        return v
+
+
+JSON = _Json()
+ANY = Codec()
+
+
+def describe(v: Any) -> str:
+    from ._edn import dumps
+
+    try:
+        text = dumps(v)
+    except TypeError:
+        text = repr(v)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    kind = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "map", list: "vector",
+            tuple: "list", type(None): "nil"}.get(type(v), type(v).__name__.lower())
+    return f"{kind} {text}"
+
+
+def _non_json(v: Any) -> str | None:
+    if v is None or isinstance(v, (str, bool, int, float, Keyword, Decimal)):
+        return None
+    if isinstance(v, (list, tuple)):
+        for x in v:
+            r = _non_json(x)
+            if r:
+                return r
+        return None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, (str, Keyword)):
+                return f"map key {describe(k)}"
+            r = _non_json(x)
+            if r:
+                return r
+        return None
+    return describe(v)
+
+
+def edn_to_json(v: Any) -> Any:
+    """EDN data -> JSON-ready Python: keywords become their (unqualified) names."""
+    if isinstance(v, dict):
+        return {(k.name.rsplit("/", 1)[-1] if isinstance(k, Keyword) else k): edn_to_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [edn_to_json(x) for x in v]
+    if isinstance(v, Keyword):
+        return v.name.rsplit("/", 1)[-1]
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, (Symbol, Char)):
+        return str(v)
+    return v
+
+
+def json_to_edn(v: Any) -> Any:
+    """JSON value -> EDN data: object keys become plain keywords (`{"prompt_n": 4}` -> `{:prompt_n 4}`)."""
+    if isinstance(v, dict):
+        return {kw(k) if _plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [json_to_edn(x) for x in v]
+    return v
+
+
+def _plain_key(k: Any) -> bool:
+    return isinstance(k, str) and bool(k) and k.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() \
+        and not k[0].isdigit()
+
+
+# ------------------------------------------------------------------ fields
+
+
+def edn_field(key: str, codec: Codec = ANY, default: Any = None, **kwargs: Any) -> Any:
+    """An attrs field that reads and writes EDN key `key` (e.g. "vllm/model")."""
+    return attrs.field(default=default, metadata={"edn": key, "codec": codec}, **kwargs)
+
+
+EXTRAS_META = "edn_extras"
+
+
+def extras_field(namespaces: tuple[str, ...]) -> Any:
+    """Keys in these namespaces that the class does not model are kept here as {name: EDN value}."""
+    return attrs.field(factory=dict, metadata={EXTRAS_META: namespaces}, hash=False, eq=True)
+
+
+class _Spec:
+    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required")
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.by_key: dict[Keyword, tuple[str, Codec]] = {}
+        self.fields: list[tuple[str, Keyword, Codec]] = []
+        self.extras_attr: str | None = None
+        self.extras_ns: tuple[str, ...] = ()
+        self.required: list[str] = []
+        for a in attrs.fields(cls):
+            if EXTRAS_META in a.metadata:
+                self.extras_attr, self.extras_ns = a.name, a.metadata[EXTRAS_META]
+            elif "edn" in a.metadata:
+                k = kw(a.metadata["edn"])
+                self.by_key[k] = (a.name, a.metadata["codec"])
+                self.fields.append((a.name, k, a.metadata["codec"]))
+                if a.default is attrs.NOTHING:
+                    self.required.append(a.name)
+
+
+_SPECS: dict[type, _Spec] = {}
+
+
+def _spec(cls: type) -> _Spec:
+    s = _SPECS.get(cls)
+    if s is None:
+        s = _SPECS[cls] = _Spec(cls)
+    return s
+
+
+def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Keyword] = ()) -> T | None:
+    spec = _spec(cls)
+    kwargs: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
+    before = len(ctx.problems)
+    skip = set(skip)
+    for k, v in m.items():
+        if k in skip:
+            continue
+        if not isinstance(k, Keyword):
+            ctx.bad("edn/non-keyword-key", f"map key {describe(k)} must be a keyword", None, m, k)
+            continue
+        entry = spec.by_key.get(k)
+        if entry is None:
+            ns = k.namespace
+            if spec.extras_attr is not None and ns in spec.extras_ns and ns != "vllm":
+                extras[k.name] = v
+            else:
+                ctx.bad("request/unknown-key", f"unknown key {k} in {cls.__name__}", k.name, m, k)
+            continue
+        if v is None:
+            continue  # nil means absent
+        name, codec = entry
+        try:
+            kwargs[name] = codec.from_edn(v, ctx, k.name)
+        except _Bad as e:
+            if e.msg:
+                ctx.bad("request/type", f"{k}: {e.msg}", k.name, m, k)
+    for name in spec.required:
+        if name not in kwargs and not any(p.field for p in ctx.problems[before:] if p.field == name):
+            key = next(k for n, k, _ in spec.fields if n == name)
+            ctx.bad("request/missing-key", f"{cls.__name__} needs {key}", key.name, m, None)
+    if len(ctx.problems) > before:
+        return None
+    if spec.extras_attr is not None:
+        kwargs[spec.extras_attr] = extras
+    return cls(**kwargs)
+
+
+def _unstructure(obj: Any) -> dict[Keyword, Any]:
+    spec = _spec(type(obj))
+    out: dict[Keyword, Any] = {}
+    for name, k, codec in spec.fields:
+        v = getattr(obj, name)
+        if v is not None:
+            out[k] = codec.to_edn(v)
+    if spec.extras_attr is not None:
+        for name, v in getattr(obj, spec.extras_attr).items():
+            out[kw(name)] = v
+    return out
+
+
+def register(cls: type[T]) -> type[T]:
+    """Class decorator: register EDN hooks for an attrs class on `edn_converter`."""
+    _spec(cls)
+    edn_converter.register_unstructure_hook(cls, _unstructure)
+
+    def structure(m: Any, _: type) -> Any:
+        ctx = Ctx()
+        if not isinstance(m, dict):
+            raise StructureError([Problem("error", "request/type", f"expected a map, got {describe(m)}")])
+        out = _structure_map(cls, m, ctx)
+        if out is None:
+            raise StructureError(ctx.problems)
+        return out
+
+    edn_converter.register_structure_hook(cls, structure)
+    return cls
+
+
+def structure_located(m: Any, cls: type[T], form: Form | None = None,
+                      skip: Iterable[Keyword] = ()) -> tuple[T | None, list[Problem]]:
+    """Structure with problems collected (and located when `form` is given)."""
+    ctx = Ctx(form)
+    if not isinstance(m, dict):
+        ctx.problems.append(Problem("error", "request/type", f"expected a map, got {describe(m)}",
+                                    where=form.where if form else None))
+        return None, ctx.problems
+    return _structure_map(cls, m, ctx, skip), ctx.problems

@@ -1,0 +1,331 @@
+"""The typed data model: frozen attrs classes whose EDN shape is DESIGN §3.
+
+Every class is registered on `edn_converter`: `to_edn(x)` / `from_edn(m, Cls)`.
+`None` means absent (EDN nil and a missing key read the same).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import attrs
+
+from ._codec import (ANY, BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR,
+                     edn_converter, edn_field, extras_field, register)
+from ._edn import Keyword
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
+BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
+PROVENANCES = ("server-reported", "client-measured", "unavailable")
+ENGINE_NAMESPACES = ("llamacpp", "sglang")
+
+
+@register
+@attrs.frozen
+class ToolCall:
+    name: str = edn_field("vllm/name", STR)
+    arguments: str | None = edn_field("vllm/arguments", STR)
+    id: str | None = edn_field("vllm/id", STR)
+    type: str | None = edn_field("vllm/type", KW())
+    index: int | None = edn_field("vllm/index", INT)
+
+
+@register
+@attrs.frozen
+class ContentPart:
+    """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}` or `{:vllm/type :image-url :vllm/url ".."}`."""
+
+    type: str = edn_field("vllm/type", KW("text", "image-url", "audio-url", "video-url"))
+    text: str | None = edn_field("vllm/text", STR)
+    url: str | None = edn_field("vllm/url", STR)
+    detail: str | None = edn_field("vllm/detail", STR)
+
+
+@register
+@attrs.frozen
+class Message:
+    role: str = edn_field("vllm/role", KW(*ROLES))
+    content: str | tuple[ContentPart, ...] | None = edn_field("vllm/content", ONE_OF(STR, MANY(NESTED(ContentPart))))
+    name: str | None = edn_field("vllm/name", STR)
+    tool_call_id: str | None = edn_field("vllm/tool-call-id", STR)
+    tool_calls: tuple[ToolCall, ...] | None = edn_field("vllm/tool-calls", MANY(NESTED(ToolCall)))
+    reasoning: str | None = edn_field("vllm/reasoning-content", STR)
+
+
+@register
+@attrs.frozen
+class Sampling:
+    """Sampling knobs; the table in `_sampling.py` gives wire names and bounds."""
+
+    temperature: float | None = edn_field("vllm/temperature", NUM)
+    top_p: float | None = edn_field("vllm/top-p", NUM)
+    top_k: int | None = edn_field("vllm/top-k", INT)
+    min_p: float | None = edn_field("vllm/min-p", NUM)
+    max_tokens: int | None = edn_field("vllm/max-tokens", INT)
+    n: int | None = edn_field("vllm/n", INT)
+    best_of: int | None = edn_field("vllm/best-of", INT)
+    presence_penalty: float | None = edn_field("vllm/presence-penalty", NUM)
+    frequency_penalty: float | None = edn_field("vllm/frequency-penalty", NUM)
+    repetition_penalty: float | None = edn_field("vllm/repetition-penalty", NUM)
+    stop: str | tuple[str, ...] | None = edn_field("vllm/stop", ONE_OF(STR, MANY(STR)))
+    seed: int | None = edn_field("vllm/seed", INT)
+    logprobs: int | bool | None = edn_field("vllm/logprobs", INT_OR_BOOL)
+    guided_json: Any = edn_field("vllm/guided-json", ONE_OF(STR, JSON))
+    guided_regex: str | None = edn_field("vllm/guided-regex", STR)
+    guided_choice: tuple[str, ...] | None = edn_field("vllm/guided-choice", MANY(STR))
+
+
+
+
+@register
+@attrs.frozen
+class ChatRequest:
+    messages: tuple[Message, ...] = edn_field("vllm/messages", MANY(NESTED(Message)))
+    model: str | None = edn_field("vllm/model", STR)
+    sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
+    stream: bool | None = edn_field("vllm/stream", BOOL)
+    tools: Any = edn_field("vllm/tools", JSON)
+    tool_choice: Any = edn_field("vllm/tool-choice", JSON)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "chat"
+
+
+@register
+@attrs.frozen
+class CompletionRequest:
+    """OpenAI-style text completion (`/v1/completions`)."""
+
+    prompt: str | tuple[int, ...] = edn_field("vllm/prompt", ONE_OF(STR, MANY(INT)))
+    model: str | None = edn_field("vllm/model", STR)
+    sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
+    stream: bool | None = edn_field("vllm/stream", BOOL)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "completion"
+
+
+@register
+@attrs.frozen
+class GenerateRequest:
+    """The engine's native generation route: llama.cpp `/completion`, SGLang `/generate`."""
+
+    prompt: str | tuple[int, ...] = edn_field("vllm/prompt", ONE_OF(STR, MANY(INT)))
+    model: str | None = edn_field("vllm/model", STR)
+    sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
+    stream: bool | None = edn_field("vllm/stream", BOOL)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "generate"
+
+
+@register
+@attrs.frozen
+class EmbeddingRequest:
+    input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)))
+    model: str | None = edn_field("vllm/model", STR)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    stream = None
+    sampling = None
+    endpoint = "embedding"
+
+
+@register
+@attrs.frozen
+class TokenizeRequest:
+    text: str = edn_field("vllm/text", STR)
+    model: str | None = edn_field("vllm/model", STR)
+    add_special: bool | None = edn_field("vllm/add-special", BOOL)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    stream = None
+    sampling = None
+    endpoint = "tokenize"
+
+
+@register
+@attrs.frozen
+class DetokenizeRequest:
+    tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT))
+    model: str | None = edn_field("vllm/model", STR)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    stream = None
+    sampling = None
+    endpoint = "detokenize"
+
+
+Request = Union[ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest,
+                DetokenizeRequest]
+REQUEST_CLASSES: dict[str, type] = {c.endpoint: c for c in (  # type: ignore[attr-defined]
+    ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)}
+
+
+# ------------------------------------------------------------------ responses
+
+
+@register
+@attrs.frozen
+class Usage:
+    prompt_tokens: int | None = edn_field("vllm/prompt-tokens", INT)
+    completion_tokens: int | None = edn_field("vllm/completion-tokens", INT)
+    total_tokens: int | None = edn_field("vllm/total-tokens", INT)
+    cached_tokens: int | None = edn_field("vllm/cached-tokens", INT)
+    reasoning_tokens: int | None = edn_field("vllm/reasoning-tokens", INT)
+
+
+@register
+@attrs.frozen
+class Figure:
+    """One measured figure and where it came from. Unmeasured: every number nil, provenance :unavailable."""
+
+    provenance: str = edn_field("vllm/provenance", KW(*PROVENANCES), default="unavailable")
+    tokens: int | None = edn_field("vllm/tokens", INT)
+    ms: float | None = edn_field("vllm/ms", NUM)
+    tokens_per_s: float | None = edn_field("vllm/tokens-per-s", NUM)
+    gaps_ms: tuple[float, ...] | None = edn_field("vllm/gaps-ms", MANY(NUM))
+
+
+UNAVAILABLE = Figure()
+
+
+@register
+@attrs.frozen
+class Timings:
+    """DESIGN §5: prefill and decode apart, cached prompt tokens, client-side TTFT, gaps and end-to-end."""
+
+    prefill: Figure = edn_field("vllm/prefill", NESTED(Figure), default=UNAVAILABLE)
+    decode: Figure = edn_field("vllm/decode", NESTED(Figure), default=UNAVAILABLE)
+    cached: Figure = edn_field("vllm/cached", NESTED(Figure), default=UNAVAILABLE)
+    ttft: Figure = edn_field("vllm/ttft", NESTED(Figure), default=UNAVAILABLE)
+    inter_token: Figure = edn_field("vllm/inter-token", NESTED(Figure), default=UNAVAILABLE)
+    end_to_end: Figure = edn_field("vllm/end-to-end", NESTED(Figure), default=UNAVAILABLE)
+
+
+@register
+@attrs.frozen
+class Choice:
+    index: int = edn_field("vllm/index", INT, default=0)
+    text: str | None = edn_field("vllm/text", STR)
+    finish_reason: str | None = edn_field("vllm/finish-reason", KW())
+    tool_calls: tuple[ToolCall, ...] | None = edn_field("vllm/tool-calls", MANY(NESTED(ToolCall)))
+    reasoning: str | None = edn_field("vllm/reasoning-content", STR)
+    logprobs: Any = edn_field("vllm/logprobs", JSON)
+
+
+RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool")
+
+
+@register
+@attrs.frozen
+class Response:
+    """A normalized completion/chat/generate answer, plus which server answered and timings."""
+
+    text: str | None = edn_field("vllm/text", STR)
+    choices: tuple[Choice, ...] = edn_field("vllm/choices", MANY(NESTED(Choice)), default=())
+    id: str | None = edn_field("vllm/id", STR)
+    model: str | None = edn_field("vllm/model", STR)
+    usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint: str | None = edn_field("vllm/endpoint", KW(*ENDPOINTS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    created: int | None = edn_field("vllm/created", INT)
+    system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
+    extras: dict[str, Any] = extras_field(RESPONSE_EXTRA_NS)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.choices[0].finish_reason if self.choices else None
+
+
+@register
+@attrs.frozen
+class StreamDelta:
+    """`{:vllm/delta "He" :vllm/finish-reason nil}`: one increment of streamed text."""
+
+    delta: str = edn_field("vllm/delta", STR, default="")
+    finish_reason: str | None = edn_field("vllm/finish-reason", KW())
+    index: int | None = edn_field("vllm/index", INT)
+    reasoning: str | None = edn_field("vllm/reasoning-delta", STR)
+    tool_calls: Any = edn_field("vllm/tool-call-deltas", JSON)
+
+
+@register
+@attrs.frozen
+class EmbeddingResponse:
+    embeddings: tuple[tuple[float, ...], ...] = edn_field("vllm/embeddings", MANY(MANY(NUM)))
+    model: str | None = edn_field("vllm/model", STR)
+    usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class TokenizeResponse:
+    tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT))
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class DetokenizeResponse:
+    text: str = edn_field("vllm/text", STR)
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class ModelInfo:
+    id: str = edn_field("vllm/id", STR)
+    owned_by: str | None = edn_field("vllm/owned-by", STR)
+    max_model_len: int | None = edn_field("vllm/max-model-len", INT)
+
+
+@register
+@attrs.frozen
+class ModelsResponse:
+    models: tuple[ModelInfo, ...] = edn_field("vllm/models", MANY(NESTED(ModelInfo)), default=())
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+
+
+@register
+@attrs.frozen
+class Health:
+    ok: bool = edn_field("vllm/ok", BOOL)
+    status: int | None = edn_field("vllm/status", INT)
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    detail: str | None = edn_field("vllm/detail", STR)
+
+
+AnyResponse = Union[Response, EmbeddingResponse, TokenizeResponse, DetokenizeResponse]
+
+
+def to_edn(obj: Any) -> Any:
+    """Typed value -> EDN data (a dict with Keyword keys)."""
+    return edn_converter.unstructure(obj)
+
+
+def from_edn(m: Any, cls: type[Any]) -> Any:
+    """EDN data -> typed value; raises `StructureError` with located problems."""
+    return edn_converter.structure(m, cls)
+
+
+_ = Keyword  # re-exported for typing users

@@ -1,0 +1,44 @@
+"""EDN request maps <-> typed requests (dispatch on `:vllm/endpoint`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._codec import describe, structure_located
+from ._edn import Form, Keyword, kw
+from ._model import ENDPOINTS, REQUEST_CLASSES, Request, to_edn
+from ._problems import Problem
+
+K_ENDPOINT = kw("vllm/endpoint")
+K_MESSAGES = kw("vllm/messages")
+K_PROMPT = kw("vllm/prompt")
+
+
+def request_from_edn(m: Any, form: Form | None = None) -> tuple[Request | None, list[Problem]]:
+    """A typed request from an EDN map, or None and the problems (located when `form` is given)."""
+    where = form.where if form is not None else None
+    if not isinstance(m, dict):
+        return None, [Problem("error", "request/type", f"a request must be a map, got {describe(m)}", where=where)]
+    endpoint = m.get(K_ENDPOINT)
+    if endpoint is None:
+        # The Clojure builders always set it; infer only when the shape says it plainly.
+        endpoint = kw("chat") if K_MESSAGES in m else kw("completion") if K_PROMPT in m else None
+        if endpoint is None:
+            return None, [Problem("error", "request/missing-key",
+                                  "request needs :vllm/endpoint (one of " + " ".join(":" + e for e in ENDPOINTS) + ")",
+                                  field="vllm/endpoint", where=where)]
+    if not isinstance(endpoint, Keyword) or endpoint.name not in REQUEST_CLASSES:
+        loc = form.locate(m, K_ENDPOINT) if form is not None else None
+        return None, [Problem("error", "request/endpoint",
+                              f":vllm/endpoint must be one of {' '.join(':' + e for e in ENDPOINTS)}, "
+                              f"got {describe(endpoint)}", field="vllm/endpoint",
+                              where=f"{form.source}:{loc[0]}:{loc[1]}" if form is not None and loc else where)]
+    cls = REQUEST_CLASSES[endpoint.name]
+    req, problems = structure_located(m, cls, form, skip=(K_ENDPOINT,))
+    return req, problems
+
+
+def request_to_edn(req: Request) -> dict[Keyword, Any]:
+    out = {K_ENDPOINT: kw(req.endpoint)}
+    out.update(to_edn(req))
+    return out

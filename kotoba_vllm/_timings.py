@@ -1,0 +1,118 @@
+"""DESIGN §5 as pure functions: server-reported figures first, client-measured where the
+server is silent, `:unavailable` (nil numbers) where neither knows. Never
+`completion_tokens / wall_clock` as a decode rate: prefill sits inside the wall clock."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+
+from ._model import UNAVAILABLE, Figure, Timings, Usage
+
+SERVER, CLIENT = "server-reported", "client-measured"
+
+
+@attrs.frozen
+class ServerTimings:
+    """What an engine reported about one request (any field may be missing)."""
+
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    cached_n: int | None = None
+
+
+@attrs.frozen
+class ClientClock:
+    """Client-side instants (perf_counter seconds) of one exchange."""
+
+    sent: float
+    first_token: float | None = None
+    last_token: float | None = None
+    done: float | None = None
+    token_times: tuple[float, ...] = ()
+
+
+def _rate(n: int | None, ms: float | None) -> float | None:
+    if n is None or ms is None or ms <= 0:
+        return None
+    return round(n * 1000.0 / ms, 3)
+
+
+def _fig(provenance: str, tokens: int | None = None, ms: float | None = None,
+         rate: float | None = None, gaps: tuple[float, ...] | None = None) -> Figure:
+    if tokens is None and ms is None and rate is None and gaps is None:
+        return UNAVAILABLE
+    return Figure(provenance=provenance, tokens=tokens, ms=None if ms is None else round(ms, 3),
+                  tokens_per_s=rate, gaps_ms=gaps)
+
+
+def llamacpp_server_timings(t: Any) -> ServerTimings | None:
+    """llama.cpp's `timings` object (`prompt_n`, `prompt_ms`, `predicted_n`, `predicted_ms`, `cache_n`)."""
+    if not isinstance(t, dict):
+        return None
+
+    def num(k: str) -> Any:
+        v = t.get(k)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    return ServerTimings(prompt_n=num("prompt_n"), prompt_ms=num("prompt_ms"), predicted_n=num("predicted_n"),
+                         predicted_ms=num("predicted_ms"), cached_n=num("cache_n"))
+
+
+def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:
+    s = server or ServerTimings()
+    prompt_n = s.prompt_n if s.prompt_n is not None else (usage.prompt_tokens if usage else None)
+    completion_n = s.predicted_n if s.predicted_n is not None else (usage.completion_tokens if usage else None)
+
+    if s.prompt_ms is not None:
+        prefill = _fig(SERVER, s.prompt_n, s.prompt_ms, _rate(s.prompt_n, s.prompt_ms))
+    elif prompt_n is not None:
+        prefill = _fig(SERVER, prompt_n)  # a token count without a time: no rate claimed
+    else:
+        prefill = UNAVAILABLE
+
+    if s.predicted_ms is not None:
+        decode = _fig(SERVER, s.predicted_n, s.predicted_ms, _rate(s.predicted_n, s.predicted_ms))
+    elif clock and clock.first_token is not None and clock.last_token is not None and completion_n:
+        # Decode seen from the client: first to last token, over the tokens after the first.
+        span_ms = (clock.last_token - clock.first_token) * 1000.0
+        decode = _fig(CLIENT, completion_n, span_ms, _rate(completion_n - 1, span_ms) if completion_n > 1 else None)
+    elif completion_n is not None:
+        decode = _fig(SERVER, completion_n)
+    else:
+        decode = UNAVAILABLE
+
+    cached_n = s.cached_n if s.cached_n is not None else (usage.cached_tokens if usage else None)
+    cached = _fig(SERVER, cached_n) if cached_n is not None else UNAVAILABLE
+
+    ttft = inter = e2e = UNAVAILABLE
+    if clock is not None:
+        if clock.first_token is not None:
+            ttft = _fig(CLIENT, ms=(clock.first_token - clock.sent) * 1000.0)
+        if len(clock.token_times) >= 2:
+            gaps = tuple(round((b - a) * 1000.0, 3) for a, b in zip(clock.token_times, clock.token_times[1:]))
+            inter = _fig(CLIENT, tokens=len(gaps), ms=round(sum(gaps) / len(gaps), 3), gaps=gaps)
+        if clock.done is not None:
+            e2e = _fig(CLIENT, ms=(clock.done - clock.sent) * 1000.0)
+    return Timings(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e)
+
+
+def misleading_rate(completion_tokens: int | None, wall_ms: float | None) -> float | None:
+    """completion_tokens / wall clock — only ever shown beside the separated rates, labelled."""
+    return _rate(completion_tokens, wall_ms)
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 90, 99)) -> dict[float, float | None]:
+    if not values:
+        return {q: None for q in qs}
+    xs = sorted(values)
+    out = {}
+    for q in qs:
+        pos = (len(xs) - 1) * q / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out[q] = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return out

@@ -1,0 +1,69 @@
+"""Pure validation: ranges and consistency (DESIGN §3), then what the chosen engine honours.
+
+A request with an `:error` problem never reaches a transport.
+"""
+
+from __future__ import annotations
+
+from ._model import ChatRequest, Request, Sampling
+from ._problems import Problem
+from ._sampling import KNOBS_BY_ATTR, STRUCTURED_ATTRS
+from .dialects import get_dialect
+
+
+def sampling_problems(s: Sampling) -> list[Problem]:
+    out: list[Problem] = []
+    for attr, knob in KNOBS_BY_ATTR.items():
+        v = getattr(s, attr)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if (knob.lo is not None and v < knob.lo) or (knob.hi is not None and v > knob.hi):
+            lo = "-inf" if knob.lo is None else knob.lo
+            hi = "inf" if knob.hi is None else knob.hi
+            out.append(Problem("error", "sampling/range", f":{knob.key} = {v} is out of range [{lo}, {hi}]",
+                               field=knob.key))
+    if s.best_of is not None and s.best_of < (s.n or 1):
+        out.append(Problem("error", "sampling/best-of", f":vllm/best-of {s.best_of} must be >= :vllm/n {s.n or 1}",
+                           field="vllm/best-of"))
+    guided = [a for a in STRUCTURED_ATTRS if getattr(s, a) is not None]
+    if len(guided) > 1:
+        keys = " ".join(":" + KNOBS_BY_ATTR[a].key for a in guided)
+        out.append(Problem("error", "sampling/conflict", f"use one structured-output constraint, not {keys}",
+                           field=KNOBS_BY_ATTR[guided[1]].key))
+    if s.guided_choice is not None and not s.guided_choice:
+        out.append(Problem("error", "sampling/empty", ":vllm/guided-choice needs at least one choice",
+                           field="vllm/guided-choice"))
+    if isinstance(s.stop, tuple) and len(s.stop) > 16:
+        out.append(Problem("warn", "sampling/stop", f"{len(s.stop)} stop strings; most servers cap this",
+                           field="vllm/stop"))
+    return out
+
+
+def request_problems(req: Request) -> list[Problem]:
+    out: list[Problem] = []
+    sampling = getattr(req, "sampling", None)
+    if sampling is not None:
+        out.extend(sampling_problems(sampling))
+    if isinstance(req, ChatRequest):
+        if not req.messages:
+            out.append(Problem("error", "request/empty", "a chat request needs at least one message",
+                               field="vllm/messages"))
+        for i, m in enumerate(req.messages):
+            if m.role == "tool" and m.tool_call_id is None:
+                out.append(Problem("error", "message/tool-call-id", f"message {i}: a :tool message needs "
+                                   ":vllm/tool-call-id", field="vllm/tool-call-id"))
+            if m.content is None and not m.tool_calls:
+                out.append(Problem("error", "message/content", f"message {i}: needs :vllm/content",
+                                   field="vllm/content"))
+    if req.stream and req.endpoint in ("embedding", "tokenize", "detokenize"):
+        out.append(Problem("error", "request/stream", f"the {req.endpoint} endpoint does not stream",
+                           field="vllm/stream"))
+    return out
+
+
+def validate(req: Request, backend: str | None = None) -> list[Problem]:
+    """Every problem with `req`; engine support is checked when `backend` names an engine."""
+    out = request_problems(req)
+    if backend is not None and backend != "auto":
+        out.extend(get_dialect(backend).problems(req))
+    return out

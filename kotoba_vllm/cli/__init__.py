@@ -1,0 +1,55 @@
+"""`python -m kotoba_vllm COMMAND ...` — each command lives in its own module.
+
+A command module defines `HELP` (one line), `add_arguments(parser)` and
+`run(args) -> int` (the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+COMMANDS: dict[str, str] = {
+    "render": "kotoba_vllm.cli.render",
+    "validate": "kotoba_vllm.cli.validate",
+    "run": "kotoba_vllm.cli.run",
+    "local": "kotoba_vllm.cli.local",
+    "record": "kotoba_vllm.cli.record",
+    "capacity": "kotoba_vllm.cli.capacity",
+    "plan": "kotoba_vllm.cli.plan",
+    "probe-links": "kotoba_vllm.cli.probe_links",
+    "bench": "kotoba_vllm.cli.bench",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kotoba_vllm",
+                                     description="EDN-native client for vLLM, SGLang and llama.cpp servers.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, modname in COMMANDS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name == modname:
+                continue  # command not built yet
+            raise
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

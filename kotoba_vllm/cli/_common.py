@@ -1,0 +1,58 @@
+"""Shared CLI pieces: reading request files into located, typed requests; EDN output."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterator, TextIO
+
+import attrs
+
+from .._edn import EdnError, Form, dumps, kw, pretty, read_file
+from .._model import Request
+from .._problems import Problem
+from .._requests import request_from_edn
+
+
+@attrs.frozen
+class Entry:
+    """One request form from a file: typed when it could be read, with its problems either way."""
+
+    index: int
+    where: str
+    request: Request | None
+    problems: tuple[Problem, ...]
+    form: Any = None
+
+
+def expand_forms(forms: list[Form]) -> Iterator[Form]:
+    """A file holds request maps, or one vector of them."""
+    for f in forms:
+        if isinstance(f.value, list) and len(forms) == 1:
+            for v in f.value:
+                yield Form(v, f.source, f.line, f.column, 0, f._reader)
+        else:
+            yield f
+
+
+def load_entries(path: str) -> list[Entry]:
+    """Raises `EdnError` (with file:line:column) when the file is not readable EDN."""
+    out = []
+    for i, f in enumerate(expand_forms(read_file(path))):
+        req, problems = request_from_edn(f.value, f)
+        out.append(Entry(i, f.where, req, tuple(problems), f.value))
+    return out
+
+
+def emit(value: Any, out: TextIO | None = None, *, pretty_print: bool = False) -> None:
+    out = out or sys.stdout
+    out.write((pretty(value) if pretty_print else dumps(value)) + "\n")
+    out.flush()
+
+
+def edn_error_line(e: EdnError) -> str:
+    return f"error: {e}"
+
+
+def problem_record(entry: Entry, problems: list[Problem] | tuple[Problem, ...]) -> dict[Any, Any]:
+    return {kw("vllm/error"): kw("validation"), kw("vllm/request-index"): entry.index,
+            kw("vllm/where"): entry.where, kw("vllm/problems"): [p.to_edn() for p in problems]}

@@ -1,0 +1,145 @@
+"""Pure HTTP-level pieces shared by every dialect: the outgoing request, error mapping."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import email.utils
+import json
+from typing import Any, Mapping
+
+import attrs
+
+from .._codec import json_to_edn
+from .._edn import Keyword, kw
+from .._errors import AdmissionRejected, BadRequest, NotReady, ServerError, ServerFailure
+
+
+@attrs.frozen
+class HttpRequest:
+    """What goes on the wire: method, path, JSON body (None for GET), and whether it streams."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    stream: bool = False
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"method": self.method, "path": self.path, "body": self.body}
+
+    def to_edn(self) -> dict[Keyword, Any]:
+        out: dict[Keyword, Any] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
+        if self.body is not None:
+            out[kw("http/body")] = json_to_edn(self.body)
+        if self.stream:
+            out[kw("http/stream?")] = True
+        return out
+
+
+def parse_retry_after(value: str | None, now: _dt.datetime | None = None) -> float | None:
+    """`Retry-After` as seconds: delta-seconds or an HTTP-date (relative to `now`, never negative)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        secs = float(value)
+        return secs if secs >= 0 else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.timezone.utc)
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return max(0.0, (when - now).total_seconds())
+
+
+def error_object(body: Any) -> dict[str, Any] | None:
+    """The error object of an OpenAI-style body: `{"error": {...}}`, `{"object": "error", ...}` or `{"detail": ..}`."""
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    if isinstance(err, dict):
+        return err
+    if isinstance(err, str):
+        return {"message": err}
+    if body.get("object") == "error":
+        return body
+    if "detail" in body and len(body) <= 2:
+        detail = body["detail"]
+        return {"message": detail if isinstance(detail, str) else json.dumps(detail)}
+    return None
+
+
+def decode_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+QUEUE_FULL_MARKERS = ("request queue is full", "queue is full")
+LOADING_MARKERS = ("loading model", "loading")
+
+
+def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint: str | None,
+                   *, now: _dt.datetime | None = None) -> ServerError:
+    """Map an HTTP error answer to a typed error. Pure; engine specifics live in the markers above."""
+    body = decode_json(raw)
+    err = error_object(body) or {}
+    message = str(err.get("message") or (raw.decode("utf-8", "replace")[:300] if raw else f"HTTP {status}"))
+    etype = err.get("type")
+    etype = str(etype) if etype is not None else None
+    details = {k: v for k, v in err.items() if k not in ("message", "type")} if err else {}
+    details_edn = {kw(k): v for k, v in details.items() if isinstance(v, (str, int, float, bool))} or None
+    lowered = message.lower()
+    retry_after = parse_retry_after(headers.get("retry-after"), now)
+    if status == 429:
+        reason = _reason_from(err, body) or "rate-limited"
+        return AdmissionRejected(message, reason=reason, retry_after_s=retry_after, status=status,
+                                 endpoint=endpoint, raw_body=raw, error_type=etype)
+    if status == 503 and any(m in lowered for m in QUEUE_FULL_MARKERS):
+        return AdmissionRejected(message, reason="queue-full", retry_after_s=retry_after, status=status,
+                                 endpoint=endpoint, raw_body=raw, error_type=etype)
+    if status == 503 and (etype == "unavailable_error" or any(m in lowered for m in LOADING_MARKERS)):
+        return NotReady(message, status=status, endpoint=endpoint, raw_body=raw, error_type=etype,
+                        details=details_edn)
+    if 400 <= status < 500:
+        return BadRequest(message, status=status, endpoint=endpoint, raw_body=raw, error_type=etype,
+                          details=details_edn)
+    return ServerFailure(message, status=status, endpoint=endpoint, raw_body=raw, error_type=etype,
+                         details=details_edn)
+
+
+def _reason_from(err: dict[str, Any], body: Any) -> str | None:
+    for src in (err, body if isinstance(body, dict) else {}):
+        for key in ("reason", "code", "type"):
+            v = src.get(key)
+            if isinstance(v, str) and v and not v.isdigit():
+                return v.replace("_", "-").lower()
+    return None
+
+
+def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None) -> ServerError:
+    """An error object that arrived inside a 200 SSE stream: typed, never text."""
+    err = error_object(obj) or obj
+    message = str(err.get("message") or json.dumps(err))
+    code = err.get("code")
+    status = code if isinstance(code, int) else None
+    etype = err.get("type")
+    lowered = message.lower()
+    raw = json.dumps(obj)
+    if status == 429 or any(m in lowered for m in QUEUE_FULL_MARKERS):
+        reason = "queue-full" if any(m in lowered for m in QUEUE_FULL_MARKERS) else "rate-limited"
+        return AdmissionRejected(message, reason=reason, status=status, endpoint=endpoint, raw_body=raw,
+                                 error_type=str(etype) if etype else None, partial_text=partial_text)
+    cls: type[ServerError] = BadRequest if status is not None and 400 <= status < 500 else ServerFailure
+    return cls(message, status=status, endpoint=endpoint, raw_body=raw,
+               error_type=str(etype) if etype else None, partial_text=partial_text)
+
+
+__all__ = ["HttpRequest", "classify_error", "decode_json", "error_object", "parse_retry_after", "stream_error",
+           "ServerError"]

@@ -1,0 +1,214 @@
+"""llama.cpp's `llama-server`: its OpenAI-compatible routes and the native `/completion`.
+
+Facts this module encodes: the native route takes `n_predict`, `json_schema` (an object),
+`grammar` (GBNF), `cache_prompt`, `id_slot`, `n_probs`; the repetition penalty is
+`repeat_penalty`; one choice per request; every answer carries `timings` (prompt and
+predicted tokens and ms, `cache_n`), which is the server's own prefill/decode split.
+A 503 while the model loads is not-ready, not admission.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from .._codec import edn_to_json, json_to_edn
+from .._errors import ProtocolError
+from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
+                      TokenizeRequest, Usage)
+from .._problems import Problem
+from .._timings import ClientClock, ServerTimings, build_timings, llamacpp_server_timings
+from .openai import ChunkStream, Dialect, _int, _str, schema_json
+from ._http import HttpRequest, error_object, stream_error
+
+LLAMACPP_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
+                               "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs", "guided_json",
+                               "guided_choice"})
+RENAMES = {"repetition_penalty": "repeat_penalty"}
+NATIVE_NAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "logprobs": "n_probs"}
+ALL_ROUTES = frozenset({"chat", "completion", "generate"})
+
+# llama.cpp's stop_type -> OpenAI finish reason
+STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length", "none": None}
+
+
+def choice_grammar(choices: tuple[str, ...]) -> str:
+    """GBNF accepting exactly one of the choices."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+class LlamacppDialect(Dialect):
+    name: ClassVar[str] = "llamacpp"
+    routes: ClassVar[dict[str, str]] = {
+        "chat": "/v1/chat/completions",
+        "completion": "/v1/completions",
+        "embedding": "/v1/embeddings",
+        "generate": "/completion",
+        "tokenize": "/tokenize",
+        "detokenize": "/detokenize",
+    }
+    health_path: ClassVar[str] = "/health"
+    sampling_support: ClassVar[dict[str, frozenset[str]]] = {
+        "chat": LLAMACPP_SAMPLING, "completion": LLAMACPP_SAMPLING, "generate": LLAMACPP_SAMPLING}
+    wire_names: ClassVar[dict[str, dict[str, str]]] = {"chat": RENAMES, "completion": RENAMES}
+    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {
+        "llamacpp/cache-prompt": ("cache_prompt", ALL_ROUTES),
+        "llamacpp/id-slot": ("id_slot", ALL_ROUTES),
+        "llamacpp/grammar": ("grammar", ALL_ROUTES),
+        "llamacpp/n-keep": ("n_keep", ALL_ROUTES),
+        "llamacpp/n-probs": ("n_probs", frozenset({"generate"})),
+        "llamacpp/return-tokens": ("return_tokens", frozenset({"generate"})),
+        "llamacpp/timings-per-token": ("timings_per_token", ALL_ROUTES),
+        "llamacpp/typical-p": ("typical_p", ALL_ROUTES),
+        "llamacpp/mirostat": ("mirostat", ALL_ROUTES),
+        "llamacpp/samplers": ("samplers", ALL_ROUTES),
+    }
+
+    def problems(self, req: Request) -> list[Problem]:
+        out = super().problems(req)
+        s: Sampling | None = getattr(req, "sampling", None)
+        if s is not None and s.n is not None and s.n != 1:
+            out.append(Problem("error", "engine/unsupported", "llama-server answers one choice per request; "
+                               f":vllm/n {s.n} would be rejected", field="vllm/n", engine=self.name))
+        if s is not None and s.guided_choice is not None and "llamacpp/grammar" in req.extras:
+            out.append(Problem("error", "sampling/conflict", ":vllm/guided-choice becomes a grammar on llama.cpp and "
+                               "cannot be combined with :llamacpp/grammar", field="vllm/guided-choice",
+                               engine=self.name))
+        return out
+
+    def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+        if s.guided_json is not None:
+            if ep == "chat":
+                body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema_json(s.guided_json)}}
+            else:
+                body["json_schema"] = schema_json(s.guided_json)
+        if s.guided_choice is not None:
+            body["grammar"] = choice_grammar(s.guided_choice)
+
+    def render_generate(self, req: Request) -> HttpRequest:
+        assert isinstance(req, GenerateRequest)
+        body: dict[str, Any] = {"prompt": req.prompt if isinstance(req.prompt, str) else list(req.prompt)}
+        s = req.sampling
+        if s is not None:
+            for attr in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "presence_penalty",
+                         "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs"):
+                v = getattr(s, attr)
+                if v is None:
+                    continue
+                if attr == "stop":
+                    v = [v] if isinstance(v, str) else list(v)
+                if attr == "logprobs":
+                    v = 1 if v is True else 0 if v is False else v
+                body[NATIVE_NAMES.get(attr, attr)] = v
+            if s.guided_json is not None:
+                body["json_schema"] = schema_json(s.guided_json)
+            if s.guided_choice is not None:
+                body["grammar"] = choice_grammar(s.guided_choice)
+        for key, value in req.extras.items():
+            body[self.extras[key][0]] = edn_to_json(value)
+        if req.stream:
+            body["stream"] = True
+        return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))
+
+    def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
+        body: dict[str, Any] = {"content": req.text}
+        if req.add_special is not None:
+            body["add_special"] = req.add_special
+        return HttpRequest("POST", self.routes["tokenize"], body)
+
+    def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
+        return HttpRequest("POST", self.routes["detokenize"], {"tokens": list(req.tokens)})
+
+    def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
+        return llamacpp_server_timings(obj.get("timings"))
+
+    def response_extras(self, obj: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        t = obj.get("timings")
+        if isinstance(t, dict):
+            out["llamacpp/timings"] = json_to_edn(t)
+        for k, name in (("id_slot", "llamacpp/id-slot"), ("tokens_cached", "llamacpp/tokens-cached"),
+                        ("truncated", "llamacpp/truncated"), ("stop_type", "llamacpp/stop-type")):
+            if k in obj and isinstance(obj[k], (int, str, bool)):
+                out[name] = obj[k]
+        return out
+
+    def native_usage(self, obj: dict[str, Any]) -> Usage | None:
+        p, c = _int(obj.get("tokens_evaluated")), _int(obj.get("tokens_predicted"))
+        if p is None and c is None:
+            return None
+        t = obj.get("timings") if isinstance(obj.get("timings"), dict) else {}
+        return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=(p or 0) + (c or 0),
+                     cached_tokens=_int(t.get("cache_n")))
+
+    def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
+                       clock: ClientClock | None) -> Response:
+        if "content" not in obj:
+            raise ProtocolError("llama.cpp /completion answer has no content", offending=json.dumps(obj)[:500],
+                                endpoint=endpoint_url)
+        usage = self.native_usage(obj)
+        choice = Choice(index=0, text=obj.get("content"), finish_reason=STOP_TYPES.get(obj.get("stop_type") or "none"))
+        return Response(text=choice.text, choices=(choice,), model=_str(obj.get("model")), usage=usage,
+                        backend=self.name, endpoint="generate", endpoint_url=endpoint_url,
+                        timings=build_timings(self.server_timings(obj), usage, clock), request_id=req.request_id,
+                        extras=self.response_extras(obj))
+
+    def stream_decoder(self, req: Request, endpoint_url: str | None = None) -> ChunkStream:
+        if req.endpoint == "generate":
+            return NativeStream(self, req, endpoint_url)
+        return ChunkStream(self, req, endpoint_url)
+
+
+class NativeStream(ChunkStream):
+    """`/completion` stream: disjoint `content` pieces; the last chunk has `stop: true` and timings."""
+
+    def __init__(self, dialect: LlamacppDialect, req: Request, endpoint_url: str | None) -> None:
+        super().__init__(dialect, req, endpoint_url)
+        self.pieces: list[str] = []
+        self.last_obj: dict[str, Any] = {}
+
+    @property
+    def partial_text(self) -> str:
+        return "".join(self.pieces)
+
+    def feed(self, data: str) -> list[StreamDelta]:
+        if data.strip() == "[DONE]":
+            self.done = True
+            return []
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise ProtocolError("malformed JSON in stream", offending=data, endpoint=self.endpoint_url,
+                                partial_text=self.partial_text) from None
+        if not isinstance(obj, dict):
+            raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
+                                partial_text=self.partial_text)
+        if error_object(obj) is not None and "content" not in obj:
+            raise stream_error(obj, self.endpoint_url, self.partial_text)
+        piece = obj.get("content")
+        piece = piece if isinstance(piece, str) else ""
+        if piece:
+            self.pieces.append(piece)
+        fr = None
+        if obj.get("stop"):
+            self.done = True
+            self.last_obj = obj
+            fr = STOP_TYPES.get(obj.get("stop_type") or "none")
+        if piece or fr is not None:
+            return [StreamDelta(delta=piece, finish_reason=fr, index=0)]
+        return []
+
+    def response(self, clock: ClientClock | None = None) -> Response:
+        d = self.dialect
+        assert isinstance(d, LlamacppDialect)
+        obj = self.last_obj
+        usage = d.native_usage(obj)
+        text = self.partial_text
+        choice = Choice(index=0, text=text, finish_reason=STOP_TYPES.get(obj.get("stop_type") or "none"))
+        return Response(text=text, choices=(choice,), model=_str(obj.get("model")), usage=usage, backend=d.name,
+                        endpoint="generate", endpoint_url=self.endpoint_url,
+                        timings=build_timings(d.server_timings(obj), usage, clock), request_id=self.req.request_id,
+                        extras=d.response_extras(obj))
+
+
+DIALECT = LlamacppDialect()

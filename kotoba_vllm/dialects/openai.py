@@ -1,0 +1,434 @@
+"""Any OpenAI-compatible server; the base every engine dialect refines.
+
+Tables as data: which sampling knobs each route honours and under which wire name.
+A knob an engine would ignore is a validation error naming knob and engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from .._codec import edn_to_json, json_to_edn
+from .._errors import ProtocolError
+from .._model import (Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+                      EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
+                      Sampling, StreamDelta, TokenizeRequest, TokenizeResponse, ToolCall, Usage)
+from .._problems import Problem
+from .._sampling import KNOBS_BY_ATTR, STRUCTURED_ATTRS
+from .._timings import ClientClock, ServerTimings, build_timings
+from ._http import HttpRequest, error_object, stream_error
+
+OPENAI_SAMPLING = frozenset({"temperature", "top_p", "max_tokens", "n", "presence_penalty", "frequency_penalty",
+                             "stop", "seed", "logprobs", "guided_json"})
+
+
+class Dialect:
+    """The OpenAI-compatible protocol. Subclasses change tables, and override a method only where the
+    engine's protocol really differs."""
+
+    name: ClassVar[str] = "openai"
+    routes: ClassVar[dict[str, str]] = {
+        "chat": "/v1/chat/completions",
+        "completion": "/v1/completions",
+        "embedding": "/v1/embeddings",
+    }
+    models_path: ClassVar[str] = "/v1/models"
+    health_path: ClassVar[str] = "/v1/models"
+    # endpoint -> sampling attrs this engine honours there
+    sampling_support: ClassVar[dict[str, frozenset[str]]] = {
+        "chat": OPENAI_SAMPLING, "completion": OPENAI_SAMPLING - {"guided_json"}}
+    # sampling attr -> wire name, where this engine's name differs from the OpenAI one
+    wire_names: ClassVar[dict[str, dict[str, str]]] = {}
+    # engine extras this dialect accepts: EDN key name -> (wire name, endpoints)
+    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {}
+    streams_usage: ClassVar[bool] = True  # send stream_options.include_usage
+
+    # ------------------------------------------------------------ validation
+
+    def problems(self, req: Request) -> list[Problem]:
+        out: list[Problem] = []
+        ep = req.endpoint
+        if ep not in self.routes:
+            out.append(Problem("error", "engine/endpoint", f"{self.name} has no {ep} endpoint",
+                               field="vllm/endpoint", engine=self.name))
+            return out
+        sampling: Sampling | None = getattr(req, "sampling", None)
+        supported = self.sampling_support.get(ep, frozenset())
+        if sampling is not None:
+            for attr, knob in KNOBS_BY_ATTR.items():
+                if getattr(sampling, attr) is not None and attr not in supported:
+                    out.append(Problem("error", "engine/unsupported", f"{self.name} does not honour :{knob.key} on "
+                                       f"the {ep} route; it would be ignored or rejected",
+                                       field=knob.key, engine=self.name))
+        for key in req.extras:
+            spec = self.extras.get(key)
+            if spec is None or ep not in spec[1]:
+                out.append(Problem("error", "engine/unsupported", f":{key} is not a {self.name} option on the {ep} "
+                                   f"route", field=key, engine=self.name))
+        return out
+
+    # ------------------------------------------------------------ rendering
+
+    def render(self, req: Request) -> HttpRequest:
+        ep = req.endpoint
+        path = self.routes[ep]
+        body: dict[str, Any] = {}
+        if req.model is not None:
+            body["model"] = req.model
+        if isinstance(req, ChatRequest):
+            body["messages"] = [self.render_message(m) for m in req.messages]
+            if req.tools is not None:
+                body["tools"] = edn_to_json(req.tools)
+            if req.tool_choice is not None:
+                body["tool_choice"] = edn_to_json(req.tool_choice)
+        elif isinstance(req, CompletionRequest):
+            body["prompt"] = req.prompt if isinstance(req.prompt, str) else list(req.prompt)
+        elif isinstance(req, EmbeddingRequest):
+            body["input"] = req.input if isinstance(req.input, str) else list(req.input)
+        elif isinstance(req, TokenizeRequest):
+            return self.render_tokenize(req)
+        elif isinstance(req, DetokenizeRequest):
+            return self.render_detokenize(req)
+        else:
+            return self.render_generate(req)
+        stream = bool(req.stream)
+        if req.sampling is not None:
+            self.render_sampling(req.sampling, ep, body)
+        for key, value in req.extras.items():
+            body[self.extras[key][0]] = edn_to_json(value)
+        if stream:
+            body["stream"] = True
+            if self.streams_usage:
+                body["stream_options"] = {"include_usage": True}
+        return HttpRequest("POST", path, body, stream)
+
+    def render_message(self, m: Message) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": m.role}
+        if m.content is None:
+            out["content"] = None
+        elif isinstance(m.content, str):
+            out["content"] = m.content
+        else:
+            parts: list[dict[str, Any]] = []
+            for p in m.content:
+                if p.type == "text":
+                    parts.append({"type": "text", "text": p.text or ""})
+                else:
+                    wire = p.type.replace("-", "_")
+                    inner: dict[str, Any] = {"url": p.url}
+                    if p.detail is not None:
+                        inner["detail"] = p.detail
+                    parts.append({"type": wire, wire: inner})
+            out["content"] = parts
+        if m.name is not None:
+            out["name"] = m.name
+        if m.tool_call_id is not None:
+            out["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            out["tool_calls"] = [{"id": t.id, "type": t.type or "function",
+                                  "function": {"name": t.name, "arguments": t.arguments or "{}"}}
+                                 for t in m.tool_calls]
+        if m.reasoning is not None:
+            out["reasoning_content"] = m.reasoning
+        return out
+
+    def render_sampling(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+        renames = self.wire_names.get(ep, {})
+        for attr, knob in KNOBS_BY_ATTR.items():
+            v = getattr(s, attr)
+            if v is None or attr in STRUCTURED_ATTRS:
+                continue
+            if attr == "logprobs":
+                self.render_logprobs(v, ep, body)
+                continue
+            body[renames.get(attr, knob.wire)] = list(v) if isinstance(v, tuple) else v
+        if any(getattr(s, a) is not None for a in STRUCTURED_ATTRS):
+            self.render_structured(s, ep, body)
+
+    def render_logprobs(self, v: int | bool, ep: str, body: dict[str, Any]) -> None:
+        if ep == "chat":
+            body["logprobs"] = bool(v)
+            if v is not True and v is not False and v > 0:
+                body["top_logprobs"] = v
+        else:
+            body["logprobs"] = int(v)
+
+    def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+        # OpenAI's own form: response_format json_schema.
+        if s.guided_json is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": schema_json(s.guided_json)}}
+
+    def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
+        raise NotImplementedError  # pragma: no cover - routes table keeps it unreachable
+
+    def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
+        raise NotImplementedError  # pragma: no cover
+
+    def render_generate(self, req: Request) -> HttpRequest:
+        raise NotImplementedError  # pragma: no cover
+
+    # ------------------------------------------------------------ parsing
+
+    def parse(self, req: Request, obj: Any, endpoint_url: str | None = None,
+              clock: ClientClock | None = None) -> Any:
+        """A complete (non-streamed) JSON answer -> typed response."""
+        if not isinstance(obj, dict):
+            raise ProtocolError(f"expected a JSON object from {self.name}", offending=json.dumps(obj)[:500],
+                                endpoint=endpoint_url)
+        ep = req.endpoint
+        if ep == "embedding":
+            return self.parse_embedding(obj, endpoint_url, req)
+        if ep == "tokenize":
+            return TokenizeResponse(tokens=tuple(self.tokens_of(obj)), backend=self.name, endpoint_url=endpoint_url,
+                                    request_id=req.request_id)
+        if ep == "detokenize":
+            return DetokenizeResponse(text=self.detokenized_text(obj), backend=self.name, endpoint_url=endpoint_url,
+                                      request_id=req.request_id)
+        if ep == "generate":
+            return self.parse_generate(req, obj, endpoint_url, clock)
+        if "choices" not in obj or not isinstance(obj["choices"], list):
+            raise ProtocolError(f"{self.name} answer has no choices", offending=json.dumps(obj)[:500],
+                                endpoint=endpoint_url)
+        choices = tuple(self.parse_choice(c) for c in obj["choices"])
+        usage = self.parse_usage(obj.get("usage"))
+        server = self.server_timings(obj)
+        return Response(text=choices[0].text if choices else None, choices=choices, id=obj.get("id"),
+                        model=obj.get("model"), usage=usage, backend=self.name, endpoint=ep,
+                        endpoint_url=endpoint_url, timings=build_timings(server, usage, clock),
+                        request_id=req.request_id, created=_int(obj.get("created")),
+                        system_fingerprint=_str(obj.get("system_fingerprint")), extras=self.response_extras(obj))
+
+    def parse_choice(self, c: dict[str, Any]) -> Choice:
+        msg = c.get("message")
+        if isinstance(msg, dict):
+            text = msg.get("content")
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+            tool_calls = self.parse_tool_calls(msg.get("tool_calls"))
+        else:
+            text, reasoning, tool_calls = c.get("text"), None, None
+        lp = c.get("logprobs")
+        return Choice(index=_int(c.get("index")) or 0, text=text if isinstance(text, str) else None,
+                      finish_reason=_reason(c.get("finish_reason")), tool_calls=tool_calls,
+                      reasoning=reasoning if isinstance(reasoning, str) else None,
+                      logprobs=json_to_edn(lp) if lp is not None else None)
+
+    def parse_tool_calls(self, raw: Any) -> tuple[ToolCall, ...] | None:
+        if not isinstance(raw, list) or not raw:
+            return None
+        out = []
+        for t in raw:
+            fn = t.get("function") or {}
+            args = fn.get("arguments")
+            out.append(ToolCall(name=str(fn.get("name") or ""),
+                                arguments=args if isinstance(args, str) else json.dumps(args),
+                                id=_str(t.get("id")), type=_str(t.get("type")) or "function",
+                                index=_int(t.get("index"))))
+        return tuple(out)
+
+    def parse_usage(self, u: Any) -> Usage | None:
+        if not isinstance(u, dict):
+            return None
+        details = u.get("prompt_tokens_details") or {}
+        cdetails = u.get("completion_tokens_details") or {}
+        return Usage(prompt_tokens=_int(u.get("prompt_tokens")), completion_tokens=_int(u.get("completion_tokens")),
+                     total_tokens=_int(u.get("total_tokens")),
+                     cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else None,
+                     reasoning_tokens=_int(cdetails.get("reasoning_tokens")) if isinstance(cdetails, dict) else None)
+
+    def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
+        return None
+
+    def response_extras(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def parse_embedding(self, obj: dict[str, Any], endpoint_url: str | None, req: Request) -> EmbeddingResponse:
+        data = obj.get("data")
+        if not isinstance(data, list):
+            raise ProtocolError("embedding answer has no data list", offending=json.dumps(obj)[:500],
+                                endpoint=endpoint_url)
+        vecs = tuple(tuple(float(x) for x in d.get("embedding", ())) for d in sorted(data, key=lambda d: d.get("index", 0)))
+        return EmbeddingResponse(embeddings=vecs, model=_str(obj.get("model")), usage=self.parse_usage(obj.get("usage")),
+                                 backend=self.name, endpoint_url=endpoint_url, request_id=req.request_id)
+
+    def tokens_of(self, obj: dict[str, Any]) -> list[int]:
+        toks = obj.get("tokens")
+        if not isinstance(toks, list):
+            raise ProtocolError("tokenize answer has no tokens", offending=json.dumps(obj)[:500])
+        # llama.cpp may answer [{"id": 1, "piece": "a"}] when pieces are asked for
+        return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
+
+    def detokenized_text(self, obj: dict[str, Any]) -> str:
+        for k in ("prompt", "content", "text"):
+            if isinstance(obj.get(k), str):
+                return obj[k]
+        raise ProtocolError("detokenize answer has no text", offending=json.dumps(obj)[:500])
+
+    def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
+                       clock: ClientClock | None) -> Response:
+        raise NotImplementedError  # pragma: no cover
+
+    def parse_models(self, obj: Any, endpoint_url: str | None = None) -> ModelsResponse:
+        data = obj.get("data") if isinstance(obj, dict) else None
+        if not isinstance(data, list):
+            raise ProtocolError("models answer has no data list", offending=json.dumps(obj)[:500],
+                                endpoint=endpoint_url)
+        return ModelsResponse(models=tuple(ModelInfo(id=str(m.get("id")), owned_by=_str(m.get("owned_by")),
+                                                     max_model_len=_int(m.get("max_model_len")))
+                                           for m in data if isinstance(m, dict)),
+                              backend=self.name, endpoint_url=endpoint_url)
+
+    # ------------------------------------------------------------ streaming
+
+    def stream_decoder(self, req: Request, endpoint_url: str | None = None) -> "ChunkStream":
+        return ChunkStream(self, req, endpoint_url)
+
+
+class ChunkStream:
+    """Pure assembler for OpenAI-style `chat.completion.chunk` / `text_completion` streams.
+
+    `feed(data)` takes one SSE `data:` payload and returns the deltas it carries; an error
+    object raises a typed error carrying the text so far. `response(clock)` builds the final answer.
+    """
+
+    def __init__(self, dialect: Dialect, req: Request, endpoint_url: str | None) -> None:
+        self.dialect, self.req, self.endpoint_url = dialect, req, endpoint_url
+        self.texts: dict[int, list[str]] = {}
+        self.reasoning: dict[int, list[str]] = {}
+        self.finish: dict[int, str | None] = {}
+        self.tools: dict[int, dict[int, dict[str, Any]]] = {}
+        self.usage: Usage | None = None
+        self.server: ServerTimings | None = None
+        self.id: str | None = None
+        self.model: str | None = None
+        self.created: int | None = None
+        self.fingerprint: str | None = None
+        self.extras: dict[str, Any] = {}
+        self.done = False
+
+    @property
+    def partial_text(self) -> str:
+        return "".join(self.texts.get(0, ()))
+
+    def feed(self, data: str) -> list[StreamDelta]:
+        if data.strip() == "[DONE]":
+            self.done = True
+            return []
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise ProtocolError("malformed JSON in stream", offending=data, endpoint=self.endpoint_url,
+                                partial_text=self.partial_text) from None
+        if not isinstance(obj, dict):
+            raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
+                                partial_text=self.partial_text)
+        if error_object(obj) is not None and "choices" not in obj:
+            raise stream_error(obj, self.endpoint_url, self.partial_text)
+        return self.chunk(obj)
+
+    def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
+        d = self.dialect
+        self.id = self.id or _str(obj.get("id"))
+        self.model = self.model or _str(obj.get("model"))
+        self.created = self.created or _int(obj.get("created"))
+        self.fingerprint = self.fingerprint or _str(obj.get("system_fingerprint"))
+        if obj.get("usage"):
+            self.usage = d.parse_usage(obj["usage"])
+        st = d.server_timings(obj)
+        if st is not None:
+            self.server = st
+        self.extras.update(d.response_extras(obj))
+        out: list[StreamDelta] = []
+        for c in obj.get("choices") or ():
+            idx = _int(c.get("index")) or 0
+            delta = c.get("delta")
+            reasoning = None
+            tool_deltas = None
+            if isinstance(delta, dict):
+                text = delta.get("content")
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if delta.get("tool_calls"):
+                    tool_deltas = delta["tool_calls"]
+                    self._merge_tools(idx, tool_deltas)
+            else:
+                text = c.get("text")
+            text = text if isinstance(text, str) else ""
+            if text:
+                self.texts.setdefault(idx, []).append(text)
+            if isinstance(reasoning, str) and reasoning:
+                self.reasoning.setdefault(idx, []).append(reasoning)
+            else:
+                reasoning = None
+            fr = _reason(c.get("finish_reason"))
+            if fr is not None:
+                self.finish[idx] = fr
+            else:
+                self.finish.setdefault(idx, None)
+            if text or fr is not None or reasoning or tool_deltas:
+                out.append(StreamDelta(delta=text, finish_reason=fr, index=idx, reasoning=reasoning,
+                                       tool_calls=json_to_edn(tool_deltas) if tool_deltas else None))
+        return out
+
+    def _merge_tools(self, idx: int, deltas: list[Any]) -> None:
+        calls = self.tools.setdefault(idx, {})
+        for t in deltas:
+            if not isinstance(t, dict):
+                continue
+            slot = calls.setdefault(_int(t.get("index")) or 0, {"id": None, "name": "", "arguments": "", "type": None})
+            if t.get("id"):
+                slot["id"] = t["id"]
+            if t.get("type"):
+                slot["type"] = t["type"]
+            fn = t.get("function") or {}
+            if fn.get("name"):
+                slot["name"] += fn["name"]
+            if fn.get("arguments"):
+                slot["arguments"] += fn["arguments"]
+
+    def response(self, clock: ClientClock | None = None) -> Response:
+        indices = sorted(set(self.texts) | set(self.finish) | set(self.tools)) or [0]
+        choices = []
+        for i in indices:
+            tools = self.tools.get(i)
+            choices.append(Choice(
+                index=i, text="".join(self.texts.get(i, ())), finish_reason=self.finish.get(i),
+                tool_calls=tuple(ToolCall(name=t["name"], arguments=t["arguments"], id=t["id"],
+                                          type=t["type"] or "function", index=k)
+                                 for k, t in sorted(tools.items())) if tools else None,
+                reasoning="".join(self.reasoning[i]) if i in self.reasoning else None))
+        return Response(text=choices[0].text, choices=tuple(choices), id=self.id, model=self.model,
+                        usage=self.usage, backend=self.dialect.name, endpoint=self.req.endpoint,
+                        endpoint_url=self.endpoint_url, timings=build_timings(self.server, self.usage, clock),
+                        request_id=self.req.request_id, created=self.created, system_fingerprint=self.fingerprint,
+                        extras=self.extras)
+
+
+def schema_json(v: Any) -> Any:
+    """A guided-json schema given as EDN data or as a JSON string -> JSON value."""
+    if isinstance(v, str):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return edn_to_json(v)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _reason(v: Any) -> str | None:
+    if isinstance(v, str) and v:
+        return v.replace("_", "-")
+    if isinstance(v, dict):  # SGLang: {"type": "length", ...}
+        t = v.get("type")
+        return t.replace("_", "-") if isinstance(t, str) else None
+    return None
+
+
+DIALECT = Dialect()

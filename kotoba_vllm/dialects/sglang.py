@@ -1,0 +1,210 @@
+"""SGLang: its OpenAI-compatible routes and the native `/generate`.
+
+Facts this module encodes (read from SGLang 0.5.x source): `/generate` takes
+`sampling_params` with `max_new_tokens`, rejects unknown sampling keys, names the seed
+`sampling_seed` and wants `json_schema` as a JSON *string*; it streams **cumulative**
+text by default, so deltas are derived, not concatenated; errors inside the stream
+arrive as `data: {"error": ...}`; a full queue answers 503 "The request queue is full."
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, ClassVar
+
+from .._codec import edn_to_json, json_to_edn
+from .._errors import ProtocolError
+from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
+                      TokenizeRequest, Usage)
+from .._timings import ClientClock, ServerTimings, build_timings
+from .openai import ChunkStream, Dialect, _int, _reason, _str, schema_json
+from ._http import HttpRequest, error_object, stream_error
+
+SGLANG_OPENAI_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
+                                    "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs",
+                                    "guided_json", "guided_regex", "guided_choice"})
+SGLANG_NATIVE_SAMPLING = SGLANG_OPENAI_SAMPLING - {"n"}
+
+# sampling attr -> key inside /generate's sampling_params
+NATIVE_NAMES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
+
+
+def choice_regex(choices: tuple[str, ...]) -> str:
+    """A regex that matches exactly one of the choices (SGLang has no choice constraint of its own)."""
+    return "(" + "|".join(re.escape(c) for c in choices) + ")"
+
+
+class SglangDialect(Dialect):
+    name: ClassVar[str] = "sglang"
+    routes: ClassVar[dict[str, str]] = {
+        "chat": "/v1/chat/completions",
+        "completion": "/v1/completions",
+        "embedding": "/v1/embeddings",
+        "generate": "/generate",
+        "tokenize": "/tokenize",
+        "detokenize": "/detokenize",
+    }
+    health_path: ClassVar[str] = "/health"
+    sampling_support: ClassVar[dict[str, frozenset[str]]] = {
+        "chat": SGLANG_OPENAI_SAMPLING, "completion": SGLANG_OPENAI_SAMPLING, "generate": SGLANG_NATIVE_SAMPLING}
+    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {
+        "sglang/rid": ("rid", frozenset({"generate", "chat", "completion"})),
+        "sglang/lora-path": ("lora_path", frozenset({"generate", "chat", "completion"})),
+        "sglang/return-text-in-logprobs": ("return_text_in_logprobs", frozenset({"generate"})),
+        "sglang/separate-reasoning": ("separate_reasoning", frozenset({"chat"})),
+        "sglang/ebnf": ("ebnf", frozenset({"chat", "completion"})),
+    }
+
+    def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+        if s.guided_json is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": schema_json(s.guided_json)}}
+        if s.guided_regex is not None:
+            body["regex"] = s.guided_regex
+        if s.guided_choice is not None:
+            body["regex"] = choice_regex(s.guided_choice)
+
+    def render_generate(self, req: Request) -> HttpRequest:
+        assert isinstance(req, GenerateRequest)
+        body: dict[str, Any] = {}
+        if isinstance(req.prompt, str):
+            body["text"] = req.prompt
+        else:
+            body["input_ids"] = list(req.prompt)
+        params: dict[str, Any] = {}
+        s = req.sampling
+        if s is not None:
+            for attr in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "presence_penalty",
+                         "frequency_penalty", "repetition_penalty", "stop", "seed"):
+                v = getattr(s, attr)
+                if v is not None:
+                    params[NATIVE_NAMES.get(attr, attr)] = list(v) if isinstance(v, tuple) else v
+            if s.guided_json is not None:
+                schema = s.guided_json if isinstance(s.guided_json, str) else json.dumps(edn_to_json(s.guided_json))
+                params["json_schema"] = schema
+            if s.guided_regex is not None:
+                params["regex"] = s.guided_regex
+            if s.guided_choice is not None:
+                params["regex"] = choice_regex(s.guided_choice)
+            if s.logprobs is not None and s.logprobs is not False:
+                body["return_logprob"] = True
+                if s.logprobs is not True:
+                    body["top_logprobs_num"] = s.logprobs
+        body["sampling_params"] = params
+        for key, value in req.extras.items():
+            body[self.extras[key][0]] = edn_to_json(value)
+        if req.stream:
+            body["stream"] = True
+        return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))
+
+    def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
+        body: dict[str, Any] = {"prompt": req.text}
+        if req.model is not None:
+            body["model"] = req.model
+        if req.add_special is not None:
+            body["add_special_tokens"] = req.add_special
+        return HttpRequest("POST", self.routes["tokenize"], body)
+
+    def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
+        body: dict[str, Any] = {"tokens": list(req.tokens)}
+        if req.model is not None:
+            body["model"] = req.model
+        return HttpRequest("POST", self.routes["detokenize"], body)
+
+    def detokenized_text(self, obj: dict[str, Any]) -> str:
+        return super().detokenized_text(obj)
+
+    def response_extras(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.get("meta_info")
+        return {"sglang/meta-info": json_to_edn(meta)} if isinstance(meta, dict) else {}
+
+    def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
+        meta = obj.get("meta_info")
+        if not isinstance(meta, dict):
+            return None
+        return ServerTimings(prompt_n=_int(meta.get("prompt_tokens")), predicted_n=_int(meta.get("completion_tokens")),
+                             cached_n=_int(meta.get("cached_tokens")))
+
+    def native_usage(self, obj: dict[str, Any]) -> Usage | None:
+        meta = obj.get("meta_info")
+        if not isinstance(meta, dict):
+            return None
+        p, c = _int(meta.get("prompt_tokens")), _int(meta.get("completion_tokens"))
+        return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=(p + c) if p is not None and c is not None
+                     else None, cached_tokens=_int(meta.get("cached_tokens")))
+
+    def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
+                       clock: ClientClock | None) -> Response:
+        if "text" not in obj:
+            raise ProtocolError("SGLang /generate answer has no text", offending=json.dumps(obj)[:500],
+                                endpoint=endpoint_url)
+        meta = obj.get("meta_info") or {}
+        usage = self.native_usage(obj)
+        choice = Choice(index=0, text=obj.get("text"), finish_reason=_reason(meta.get("finish_reason")))
+        return Response(text=choice.text, choices=(choice,), id=_str(meta.get("id")), model=req.model, usage=usage,
+                        backend=self.name, endpoint="generate", endpoint_url=endpoint_url,
+                        timings=build_timings(self.server_timings(obj), usage, clock), request_id=req.request_id,
+                        extras=self.response_extras(obj))
+
+    def stream_decoder(self, req: Request, endpoint_url: str | None = None) -> ChunkStream:
+        if req.endpoint == "generate":
+            return GenerateStream(self, req, endpoint_url)
+        return ChunkStream(self, req, endpoint_url)
+
+
+class GenerateStream(ChunkStream):
+    """`/generate` stream: each chunk holds the whole text so far; the delta is the new suffix.
+    With `--incremental-streaming-output` chunks are disjoint: detected when a chunk does not
+    extend the text so far."""
+
+    def __init__(self, dialect: SglangDialect, req: Request, endpoint_url: str | None) -> None:
+        super().__init__(dialect, req, endpoint_url)
+        self.text = ""
+        self.last_obj: dict[str, Any] | None = None
+
+    @property
+    def partial_text(self) -> str:
+        return self.text
+
+    def feed(self, data: str) -> list[StreamDelta]:
+        if data.strip() == "[DONE]":
+            self.done = True
+            return []
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise ProtocolError("malformed JSON in stream", offending=data, endpoint=self.endpoint_url,
+                                partial_text=self.text) from None
+        if not isinstance(obj, dict):
+            raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
+                                partial_text=self.text)
+        if error_object(obj) is not None and "text" not in obj:
+            raise stream_error(obj, self.endpoint_url, self.text)
+        chunk_text = obj.get("text")
+        chunk_text = chunk_text if isinstance(chunk_text, str) else ""
+        if chunk_text.startswith(self.text):
+            delta, self.text = chunk_text[len(self.text):], chunk_text
+        else:
+            delta, self.text = chunk_text, self.text + chunk_text
+        self.last_obj = obj
+        meta = obj.get("meta_info") or {}
+        fr = _reason(meta.get("finish_reason"))
+        if delta or fr is not None:
+            return [StreamDelta(delta=delta, finish_reason=fr, index=0)]
+        return []
+
+    def response(self, clock: ClientClock | None = None) -> Response:
+        d = self.dialect
+        assert isinstance(d, SglangDialect)
+        obj = self.last_obj or {}
+        meta = obj.get("meta_info") or {}
+        usage = d.native_usage(obj)
+        choice = Choice(index=0, text=self.text, finish_reason=_reason(meta.get("finish_reason")))
+        return Response(text=self.text, choices=(choice,), id=_str(meta.get("id")), model=self.req.model,
+                        usage=usage, backend=d.name, endpoint="generate", endpoint_url=self.endpoint_url,
+                        timings=build_timings(d.server_timings(obj), usage, clock), request_id=self.req.request_id,
+                        extras=d.response_extras(obj))
+
+
+DIALECT = SglangDialect()

@@ -1,0 +1,39 @@
+"""Shared fixtures. The live tier runs a real llama-server (tiny random GGUF) on a free
+loopback port; with KOTOBA_VLLM_REQUIRE_LIVE=1 (CI) a missing server fails the run."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+REQUIRE_LIVE = os.environ.get("KOTOBA_VLLM_REQUIRE_LIVE") == "1"
+
+
+def _start(**kwargs: object):  # type: ignore[no-untyped-def]
+    try:
+        from kotoba_vllm.local import LlamaServer, LocalServerError
+    except ImportError as e:  # pragma: no cover - extra not installed
+        if REQUIRE_LIVE:
+            raise
+        pytest.skip(f"local extra not installed: {e}")
+    try:
+        return LlamaServer(**kwargs).start()  # type: ignore[arg-type]
+    except LocalServerError as e:
+        if REQUIRE_LIVE:
+            raise
+        pytest.skip(f"no llama-server here: {e}")
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[object]:
+    """One real llama-server for the session: 2 slots, 2048-token context, --metrics --slots."""
+    server = _start(n_ctx=2048, parallel=2)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_url(llama_server: object) -> str:
+    return llama_server.base_url  # type: ignore[attr-defined,no-any-return]
