@@ -82,6 +82,7 @@ _TOKEN = re.compile(
   | (?P<hash>\#[^\s]?)
   | (?P<char>\\(?:newline|return|space|tab|u[0-9A-Fa-f]{4}|\S))
   | (?P<atom>[^\s,\[\](){}"\\;]+)
+  | (?P<bad>.)
     """,
     re.VERBOSE | re.DOTALL,
 )
@@ -168,6 +169,8 @@ class _Reader:
                 return handler(value)
             except (ValueError, TypeError) as e:
                 raise self.fail(f"bad #{name} value: {e}", pos) from None
+        if kind == "bad":  # finditer would otherwise skip it silently
+            raise self.fail("string is never closed" if tok == '"' else f"unexpected character {tok!r}", pos)
         if kind == "hash":
             what = "evaluation (#=) is not allowed" if tok == "#=" else f"unsupported dispatch '{tok}'"
             raise self.fail(what, pos)
