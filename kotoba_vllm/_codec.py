@@ -338,8 +338,9 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Key
             if e.msg:
                 ctx.bad("request/type", f"{k}: {e.msg}", k.name, m, k)
     for name in spec.required:
-        if name not in kwargs and not any(p.field for p in ctx.problems[before:] if p.field == name):
-            key = next(k for n, k, _ in spec.fields if n == name)
+        key = next(k for n, k, _ in spec.fields if n == name)
+        # a present-but-wrong value already has its problem; do not also call it missing
+        if name not in kwargs and not any(p.field == key.name for p in ctx.problems[before:]):
             ctx.bad("request/missing-key", f"{cls.__name__} needs {key}", key.name, m, None)
     if len(ctx.problems) > before:
         return None

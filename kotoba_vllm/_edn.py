@@ -92,6 +92,7 @@ _SYMBOL = re.compile(r"[A-Za-z*!_?$%&=<>.+\-][A-Za-z0-9*!_?$%&=<>.+\-:#']*(?:/[A
 _STR_ESC = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "b": "\b", "f": "\f"}
 _CHARS = {"newline": "\n", "return": "\r", "space": " ", "tab": "\t"}
 _CLOSERS = {"[": "]", "(": ")", "{": "}", "#{": "}"}
+_SYMBOLIC = {"NaN": float("nan"), "Inf": float("inf"), "-Inf": float("-inf")}
 
 
 def _inst(v: Any) -> _dt.datetime:
@@ -171,6 +172,12 @@ class _Reader:
                 raise self.fail(f"bad #{name} value: {e}", pos) from None
         if kind == "bad":  # finditer would otherwise skip it silently
             raise self.fail("string is never closed" if tok == '"' else f"unexpected character {tok!r}", pos)
+        if kind == "hash" and tok == "##":  # symbolic values, as the writer emits them
+            nxt = self.next()
+            name = nxt.group() if nxt is not None and nxt.lastgroup == "atom" else ""
+            if name in _SYMBOLIC:
+                return _SYMBOLIC[name]
+            raise self.fail(f"unknown symbolic value ##{name}", pos)
         if kind == "hash":
             what = "evaluation (#=) is not allowed" if tok == "#=" else f"unsupported dispatch '{tok}'"
             raise self.fail(what, pos)

@@ -19,12 +19,13 @@ ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detoken
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
 PROVENANCES = ("server-reported", "client-measured", "unavailable")
 ENGINE_NAMESPACES = ("llamacpp", "sglang")
+REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
 
 @register
 @attrs.frozen
 class ToolCall:
-    name: str = edn_field("vllm/name", STR)
+    name: str = edn_field("vllm/name", STR, default=REQUIRED)
     arguments: str | None = edn_field("vllm/arguments", STR)
     id: str | None = edn_field("vllm/id", STR)
     type: str | None = edn_field("vllm/type", KW())
@@ -36,7 +37,7 @@ class ToolCall:
 class ContentPart:
     """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}` or `{:vllm/type :image-url :vllm/url ".."}`."""
 
-    type: str = edn_field("vllm/type", KW("text", "image-url", "audio-url", "video-url"))
+    type: str = edn_field("vllm/type", KW("text", "image-url", "audio-url", "video-url"), default=REQUIRED)
     text: str | None = edn_field("vllm/text", STR)
     url: str | None = edn_field("vllm/url", STR)
     detail: str | None = edn_field("vllm/detail", STR)
@@ -45,7 +46,7 @@ class ContentPart:
 @register
 @attrs.frozen
 class Message:
-    role: str = edn_field("vllm/role", KW(*ROLES))
+    role: str = edn_field("vllm/role", KW(*ROLES), default=REQUIRED)
     content: str | tuple[ContentPart, ...] | None = edn_field("vllm/content", ONE_OF(STR, MANY(NESTED(ContentPart))))
     name: str | None = edn_field("vllm/name", STR)
     tool_call_id: str | None = edn_field("vllm/tool-call-id", STR)
@@ -81,7 +82,7 @@ class Sampling:
 @register
 @attrs.frozen
 class ChatRequest:
-    messages: tuple[Message, ...] = edn_field("vllm/messages", MANY(NESTED(Message)))
+    messages: tuple[Message, ...] = edn_field("vllm/messages", MANY(NESTED(Message)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
@@ -98,7 +99,7 @@ class ChatRequest:
 class CompletionRequest:
     """OpenAI-style text completion (`/v1/completions`)."""
 
-    prompt: str | tuple[int, ...] = edn_field("vllm/prompt", ONE_OF(STR, MANY(INT)))
+    prompt: str | tuple[int, ...] = edn_field("vllm/prompt", ONE_OF(STR, MANY(INT)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
@@ -113,7 +114,7 @@ class CompletionRequest:
 class GenerateRequest:
     """The engine's native generation route: llama.cpp `/completion`, SGLang `/generate`."""
 
-    prompt: str | tuple[int, ...] = edn_field("vllm/prompt", ONE_OF(STR, MANY(INT)))
+    prompt: str | tuple[int, ...] = edn_field("vllm/prompt", ONE_OF(STR, MANY(INT)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
@@ -126,7 +127,7 @@ class GenerateRequest:
 @register
 @attrs.frozen
 class EmbeddingRequest:
-    input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)))
+    input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
@@ -139,7 +140,7 @@ class EmbeddingRequest:
 @register
 @attrs.frozen
 class TokenizeRequest:
-    text: str = edn_field("vllm/text", STR)
+    text: str = edn_field("vllm/text", STR, default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
@@ -153,7 +154,7 @@ class TokenizeRequest:
 @register
 @attrs.frozen
 class DetokenizeRequest:
-    tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT))
+    tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
@@ -263,7 +264,7 @@ class StreamDelta:
 @register
 @attrs.frozen
 class EmbeddingResponse:
-    embeddings: tuple[tuple[float, ...], ...] = edn_field("vllm/embeddings", MANY(MANY(NUM)))
+    embeddings: tuple[tuple[float, ...], ...] = edn_field("vllm/embeddings", MANY(MANY(NUM)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
@@ -274,7 +275,7 @@ class EmbeddingResponse:
 @register
 @attrs.frozen
 class TokenizeResponse:
-    tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT))
+    tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
@@ -283,7 +284,7 @@ class TokenizeResponse:
 @register
 @attrs.frozen
 class DetokenizeResponse:
-    text: str = edn_field("vllm/text", STR)
+    text: str = edn_field("vllm/text", STR, default=REQUIRED)
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
@@ -292,7 +293,7 @@ class DetokenizeResponse:
 @register
 @attrs.frozen
 class ModelInfo:
-    id: str = edn_field("vllm/id", STR)
+    id: str = edn_field("vllm/id", STR, default=REQUIRED)
     owned_by: str | None = edn_field("vllm/owned-by", STR)
     max_model_len: int | None = edn_field("vllm/max-model-len", INT)
 
@@ -308,7 +309,7 @@ class ModelsResponse:
 @register
 @attrs.frozen
 class Health:
-    ok: bool = edn_field("vllm/ok", BOOL)
+    ok: bool = edn_field("vllm/ok", BOOL, default=REQUIRED)
     status: int | None = edn_field("vllm/status", INT)
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)

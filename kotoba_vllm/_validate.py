@@ -5,6 +5,8 @@ A request with an `:error` problem never reaches a transport.
 
 from __future__ import annotations
 
+import math
+
 from ._model import ChatRequest, Request, Sampling
 from ._problems import Problem
 from ._sampling import KNOBS_BY_ATTR, STRUCTURED_ATTRS
@@ -17,7 +19,8 @@ def sampling_problems(s: Sampling) -> list[Problem]:
         v = getattr(s, attr)
         if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
-        if (knob.lo is not None and v < knob.lo) or (knob.hi is not None and v > knob.hi):
+        # NaN and infinities (`##NaN`, `##Inf`) cannot be sent as JSON: never in range
+        if not math.isfinite(v) or (knob.lo is not None and not v >= knob.lo) or (knob.hi is not None and not v <= knob.hi):
             lo = "-inf" if knob.lo is None else knob.lo
             hi = "inf" if knob.hi is None else knob.hi
             out.append(Problem("error", "sampling/range", f":{knob.key} = {v} is out of range [{lo}, {hi}]",
