@@ -113,12 +113,17 @@ TAG_HANDLERS: dict[str, Callable[[Any], Any]] = {"inst": _inst, "uuid": _uuid}
 class _Reader:
     def __init__(self, text: str, source: str) -> None:
         self.text, self.source = text, source
+        self._mark = (0, 1)  # (offset, line number at that offset) of the last `where`
         self.tokens = _TOKEN.finditer(text)
         self.peeked: re.Match[str] | None = None
         self.key_offsets: dict[int, dict[Any, int]] = {}
 
     def where(self, pos: int) -> tuple[int, int]:
-        line = self.text.count("\n", 0, pos) + 1
+        # Forms are located in increasing order: count newlines from the last answer, not from
+        # the start, or reading a 100,000-request file is quadratic.
+        start, line = self._mark if pos >= self._mark[0] else (0, 1)
+        line += self.text.count("\n", start, pos)
+        self._mark = (pos, line)
         return line, pos - (self.text.rfind("\n", 0, pos) + 1) + 1
 
     def fail(self, msg: str, pos: int) -> EdnError:
@@ -320,7 +325,8 @@ def read_file(path: str, *, stdin: TextIO | None = None) -> list[Form]:
 
 # ---------------------------------------------------------------- writing
 
-_ESC_RE = re.compile(r'[\\"\n\r\t\x00-\x1f]')
+# Lone surrogates (a server's JSON may carry "\ud83d") are escaped too: raw, they cannot be encoded as UTF-8.
+_ESC_RE = re.compile(r'[\\"\n\r\t\x00-\x1f\ud800-\udfff]')
 _ESC_OUT = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
