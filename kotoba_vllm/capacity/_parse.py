@@ -1,0 +1,146 @@
+"""Pure parsers for each engine's capacity endpoints: bytes in, numbers out.
+
+Nothing here does I/O. A parser that cannot read its input raises `Unparsable` with
+the reason; the verdict layer turns that into an unmeasured answer, never a zero.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+import attrs
+from prometheus_client.parser import text_string_to_metric_families
+
+_SNIPPET = 160
+
+
+class Unparsable(ValueError):
+    """The probe answered, but not with something we can read as capacity."""
+
+
+@attrs.frozen
+class Fetched:
+    """What a shell got for one probe path: an HTTP answer, or the transport failure."""
+
+    path: str
+    status: int | None = None
+    body: bytes = b""
+    error: str | None = None
+    ms: float | None = None
+
+
+def failure(f: Fetched) -> str | None:
+    """Why this probe gives no reading (transport failure or HTTP error), or None when it answered 200."""
+    if f.error is not None:
+        return f"GET {f.path}: {f.error}"
+    if f.status != 200:
+        text = f.body.decode("utf-8", "replace").strip().replace("\n", " ")
+        snippet = text if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
+        return f"GET {f.path}: HTTP {f.status}" + (f" {snippet}" if snippet else "")
+    return None
+
+
+def _json(body: bytes, path: str) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Unparsable(f"GET {path}: not JSON ({e})") from None
+
+
+# ------------------------------------------------------------------ Prometheus text
+
+
+@attrs.frozen
+class MetricSum:
+    """One metric summed over its label sets; `series` says how many were summed."""
+
+    value: float
+    series: int
+
+
+# Tensor/pipeline ranks of one engine repeat the same scheduler figures: count rank 0 only.
+_RANK_LABELS = ("tp_rank", "pp_rank")
+
+
+def metric_sums(text: str, names: Iterable[str]) -> dict[str, MetricSum]:
+    """Sum each named sample over its label sets (several models, engines or DP ranks
+    behind one /metrics). Names absent from the text are absent from the result."""
+    wanted = set(names)
+    acc: dict[str, list[float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name not in wanted:
+                    continue
+                if any(s.labels.get(r, "0") != "0" for r in _RANK_LABELS):
+                    continue
+                acc.setdefault(s.name, []).append(float(s.value))
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        raise Unparsable(f"not Prometheus text ({e})") from None
+    return {n: MetricSum(sum(v), len(v)) for n, v in acc.items()}
+
+
+def prometheus(f: Fetched, names: Iterable[str]) -> dict[str, MetricSum]:
+    try:
+        text = f.body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Unparsable(f"GET {f.path}: not UTF-8 text ({e})") from None
+    try:
+        return metric_sums(text, names)
+    except Unparsable as e:
+        raise Unparsable(f"GET {f.path}: {e}") from None
+
+
+# ------------------------------------------------------------------ llama.cpp
+
+
+def llamacpp_slots(f: Fetched) -> tuple[int, int]:
+    """`/slots`: a JSON list, one object per slot with `is_processing` -> (total, busy)."""
+    obj = _json(f.body, f.path)
+    if not isinstance(obj, list) or not obj:
+        raise Unparsable(f"GET {f.path}: expected a non-empty list of slots")
+    busy = 0
+    for slot in obj:
+        flag = slot.get("is_processing") if isinstance(slot, dict) else None
+        if not isinstance(flag, bool):
+            raise Unparsable(f"GET {f.path}: a slot without a boolean is_processing")
+        busy += flag
+    return len(obj), busy
+
+
+def llamacpp_total_slots(f: Fetched) -> int:
+    """`/props` `total_slots` (the server's `--parallel`)."""
+    obj = _json(f.body, f.path)
+    total = obj.get("total_slots") if isinstance(obj, dict) else None
+    if type(total) is not int or total < 1:
+        raise Unparsable(f"GET {f.path}: no positive integer total_slots")
+    return total
+
+
+# ------------------------------------------------------------------ SGLang / vLLM JSON
+
+
+def sglang_max_running(f: Fetched) -> int | None:
+    """`/server_info` or `/get_server_info`: `max_running_requests` (top level, else in
+    `internal_states`). None when the server does not say."""
+    obj = _json(f.body, f.path)
+    if not isinstance(obj, dict):
+        raise Unparsable(f"GET {f.path}: expected a JSON object")
+    candidates = [obj.get("max_running_requests")]
+    states = obj.get("internal_states")
+    if isinstance(states, list):
+        candidates += [s.get("max_running_requests") for s in states if isinstance(s, dict)]
+    for c in candidates:
+        if type(c) is int and c > 0:
+            return c
+    return None
+
+
+def vllm_load(f: Fetched) -> int:
+    """`/load` (vLLM with `--enable-server-load-tracking`): `{"server_load": n}`."""
+    obj = _json(f.body, f.path)
+    load = obj.get("server_load") if isinstance(obj, dict) else None
+    if type(load) is not int:
+        raise Unparsable(f"GET {f.path}: no integer server_load")
+    return load

@@ -1,0 +1,219 @@
+"""I/O shells for the capacity probes: GET every path of every member at once, with
+short timeouts, and hand the bytes to the pure verdicts. Sync (threads) and async
+(asyncio.gather) differ only at the call sites.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Mapping, Sequence
+
+import httpx
+
+from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend
+from .._model import BACKENDS
+from ..dialects._http import decode_json
+from ._answer import CapacityAnswer, PoolCapacity
+from ._parse import Fetched, failure
+from ._verdict import PROBE_PATHS, capacity_answer, merge_pool_capacity, unmeasured
+
+# A probe that takes longer than this is itself the answer: unmeasured, with the reason.
+PROBE_TIMEOUT = httpx.Timeout(1.5, connect=0.5)
+DEFAULT_HEADERS = {"user-agent": USER_AGENT, "accept": "application/json, text/plain"}
+
+Job = tuple[str, str]  # (base URL, path)
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _transport_reason(e: httpx.HTTPError, timeout: httpx.Timeout) -> str:
+    if isinstance(e, httpx.ConnectTimeout):
+        return f"connect timed out after {timeout.connect} s"
+    if isinstance(e, httpx.TimeoutException):
+        return f"timed out after {timeout.read} s ({type(e).__name__})"
+    if isinstance(e, httpx.ConnectError):
+        return f"connection refused or unreachable ({e})"
+    return f"{type(e).__name__}: {e or 'no detail'}"
+
+
+def _fetched(path: str, t0: float, r: httpx.Response | None = None, error: str | None = None) -> Fetched:
+    ms = round((time.perf_counter() - t0) * 1000, 3)
+    if r is None:
+        return Fetched(path, error=error, ms=ms)
+    return Fetched(path, status=r.status_code, body=r.content, ms=ms)
+
+
+# ------------------------------------------------------------------ pure glue
+
+
+def detect_from(got: Sequence[Fetched]) -> tuple[str | None, str | None]:
+    """Backend from the detection probes' answers (first hit in probe order). (None,
+    reason) when no probe got any HTTP answer; "openai" when it answered but is none of
+    the engines we know."""
+    for f in got:
+        if failure(f) is None and decide_backend(f.path, f.status or 0, decode_json(f.body)):
+            return decide_backend(f.path, f.status or 0, decode_json(f.body)), None
+    if all(f.error is not None for f in got):
+        return None, "backend detection failed: " + "; ".join(failure(f) or "" for f in got)
+    return "openai", None
+
+
+def _check_backend(backend: str) -> None:
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+
+
+def _plan(endpoints: Sequence[str], backends: Sequence[str]) -> list[Job]:
+    return [(e, p) for e, b in zip(endpoints, backends) for p in PROBE_PATHS.get(b, ())]
+
+
+def _answers(endpoints: Sequence[str], backends: Sequence[str | None], reasons: Sequence[str | None],
+             got: Mapping[Job, Fetched], at: str) -> list[CapacityAnswer]:
+    out = []
+    for e, b, why in zip(endpoints, backends, reasons):
+        if b is None:
+            out.append(unmeasured(e, None, why or "backend unknown", at=at))
+            continue
+        paths = PROBE_PATHS.get(b, ())
+        out.append(capacity_answer(e, b, {p: got[(e, p)] for p in paths}, at))
+    return out
+
+
+def _normalise(endpoints: Sequence[str], backend: str | Sequence[str]) -> tuple[list[str], list[str]]:
+    eps = [e.rstrip("/") for e in endpoints]
+    bs = [backend] * len(eps) if isinstance(backend, str) else list(backend)
+    if len(bs) != len(eps):
+        raise ValueError("one backend per endpoint")
+    for b in bs:
+        _check_backend(b)
+    return eps, bs
+
+
+# ------------------------------------------------------------------ sync
+
+
+def fetch_all(http: httpx.Client, jobs: Sequence[Job], *, headers: Mapping[str, str] | None = None,
+              timeout: httpx.Timeout = PROBE_TIMEOUT, executor: Executor | None = None) -> dict[Job, Fetched]:
+    """GET every (base, path) concurrently; a failure is recorded, never raised."""
+    h = dict(headers or DEFAULT_HEADERS)
+
+    def one(job: Job) -> Fetched:
+        base, path = job
+        t0 = time.perf_counter()
+        try:
+            r = http.get(base + path, headers=h, timeout=timeout)
+        except httpx.HTTPError as e:
+            return _fetched(path, t0, error=_transport_reason(e, timeout))
+        return _fetched(path, t0, r)
+
+    if not jobs:
+        return {}
+    if executor is not None:
+        return dict(zip(jobs, executor.map(one, jobs)))
+    with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
+        return dict(zip(jobs, pool.map(one, jobs)))
+
+
+def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,
+                    http: httpx.Client | None = None, headers: Mapping[str, str] | None = None,
+                    timeout: httpx.Timeout = PROBE_TIMEOUT, executor: Executor | None = None,
+                    detected: dict[str, str] | None = None) -> list[CapacityAnswer]:
+    """Ask every endpoint at once; answers in endpoint order. `detected` caches
+    auto-detected backends across calls (only successful detections are kept)."""
+    eps, bs = _normalise(endpoints, backend)
+    own = http is None
+    client = http or httpx.Client(timeout=timeout)
+    try:
+        at = now_iso()
+        known, reasons = _resolve(eps, bs, detected)
+        todo = [i for i, b in enumerate(known) if b == "auto"]
+        if todo:
+            det = fetch_all(client, [(eps[i], p) for i in todo for p, _ in DETECTION_PROBES], headers=headers,
+                            timeout=timeout, executor=executor)
+            _apply_detection(eps, known, reasons, todo, det, detected)
+        got = fetch_all(client, _plan(eps, [b or "" for b in known]), headers=headers, timeout=timeout,
+                        executor=executor)
+        return _answers(eps, known, reasons, got, at)
+    finally:
+        if own:
+            client.close()
+
+
+def probe_capacity(endpoint: str, backend: str = "auto", **kwargs: object) -> CapacityAnswer:
+    """One endpoint's capacity answer (never raises for an unreachable server)."""
+    return probe_endpoints([endpoint], backend, **kwargs)[0]  # type: ignore[arg-type]
+
+
+def probe_pool(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", **kwargs: object) -> PoolCapacity:
+    """merge-pool-capacity over a live pool: every member asked, concurrently."""
+    return merge_pool_capacity(probe_endpoints(endpoints, backend, **kwargs), at=now_iso())  # type: ignore[arg-type]
+
+
+def _resolve(eps: Sequence[str], bs: Sequence[str], detected: Mapping[str, str] | None
+             ) -> tuple[list[str | None], list[str | None]]:
+    known: list[str | None] = [detected.get(e, b) if (b == "auto" and detected) else b for e, b in zip(eps, bs)]
+    return known, [None] * len(eps)
+
+
+def _apply_detection(eps: Sequence[str], known: list[str | None], reasons: list[str | None], todo: Sequence[int],
+                     det: Mapping[Job, Fetched], detected: dict[str, str] | None) -> None:
+    for i in todo:
+        b, why = detect_from([det[(eps[i], p)] for p, _ in DETECTION_PROBES])
+        known[i], reasons[i] = b, why
+        if b is not None and detected is not None:
+            detected[eps[i]] = b
+
+
+# ------------------------------------------------------------------ async
+
+
+async def afetch_all(http: httpx.AsyncClient, jobs: Sequence[Job], *, headers: Mapping[str, str] | None = None,
+                     timeout: httpx.Timeout = PROBE_TIMEOUT) -> dict[Job, Fetched]:
+    h = dict(headers or DEFAULT_HEADERS)
+
+    async def one(job: Job) -> Fetched:
+        base, path = job
+        t0 = time.perf_counter()
+        try:
+            r = await http.get(base + path, headers=h, timeout=timeout)
+        except httpx.HTTPError as e:
+            return _fetched(path, t0, error=_transport_reason(e, timeout))
+        return _fetched(path, t0, r)
+
+    return dict(zip(jobs, await asyncio.gather(*(one(j) for j in jobs))))
+
+
+async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,
+                           http: httpx.AsyncClient | None = None, headers: Mapping[str, str] | None = None,
+                           timeout: httpx.Timeout = PROBE_TIMEOUT,
+                           detected: dict[str, str] | None = None) -> list[CapacityAnswer]:
+    eps, bs = _normalise(endpoints, backend)
+    own = http is None
+    client = http or httpx.AsyncClient(timeout=timeout)
+    try:
+        at = now_iso()
+        known, reasons = _resolve(eps, bs, detected)
+        todo = [i for i, b in enumerate(known) if b == "auto"]
+        if todo:
+            det = await afetch_all(client, [(eps[i], p) for i in todo for p, _ in DETECTION_PROBES],
+                                   headers=headers, timeout=timeout)
+            _apply_detection(eps, known, reasons, todo, det, detected)
+        got = await afetch_all(client, _plan(eps, [b or "" for b in known]), headers=headers, timeout=timeout)
+        return _answers(eps, known, reasons, got, at)
+    finally:
+        if own:
+            await client.aclose()
+
+
+async def aprobe_capacity(endpoint: str, backend: str = "auto", **kwargs: object) -> CapacityAnswer:
+    return (await aprobe_endpoints([endpoint], backend, **kwargs))[0]  # type: ignore[arg-type]
+
+
+async def aprobe_pool(endpoints: Sequence[str], backend: str | Sequence[str] = "auto",
+                      **kwargs: object) -> PoolCapacity:
+    return merge_pool_capacity(await aprobe_endpoints(endpoints, backend, **kwargs), at=now_iso())  # type: ignore[arg-type]

@@ -1,0 +1,384 @@
+"""`Pool` / `AsyncPool`: one client per member, early admission, conversation affinity.
+
+For every request the pool asks every member's capacity at once (short timeouts),
+demotes measured-busy members without re-sorting the rest, and sends to one member:
+
+- the conversation's earlier member while it has a measured free slot (prefix cache);
+- else the first member with a measured free slot;
+- else, when some member could not be measured, the first such member — admitted,
+  and the response says `capacity/enforced? false`;
+- else every member is measured busy: `AdmissionRejected(reason="all-slots-busy",
+  sent=False, capacity=<pool EDN>)` and nothing is sent.
+
+One call, one HTTP request: a 429 (or any error) from the chosen member is raised as
+is, never retried on another member behind the caller's back. Every response names
+its member (`endpoint_url`, `extras["pool/member"]`).
+
+`send`/`stream` take the same arguments as `Client.send`/`Client.stream` (plus an
+optional `conversation=` id), so a pool can stand wherever a client does.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+
+import attrs
+import httpx
+
+from ._client import AsyncClient, AsyncStream, Client, Stream
+from ._edn import Keyword, kw, read_file
+from ._errors import AdmissionRejected
+from ._model import BACKENDS, Request, StreamDelta
+from .capacity._affinity import Affinity
+from .capacity._answer import PoolCapacity
+from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_endpoints
+from .capacity._verdict import Admission, admit, merge_pool_capacity
+
+
+# ------------------------------------------------------------------ pool files
+
+
+@attrs.frozen
+class PoolConfig:
+    """`{:pool/members ["http://a:8080" "http://b:8080"] :pool/backend :llamacpp :pool/probe-timeout-s 1.5}`.
+    The API key never lives in the file: pass it, or set KOTOBA_VLLM_API_KEY."""
+
+    members: tuple[str, ...]
+    backend: str = "auto"
+    probe_timeout_s: float | None = None
+    model: str | None = None
+
+
+def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
+    """Read a pool map; raises ValueError naming the key."""
+    if not isinstance(m, dict):
+        raise ValueError(f"{where}: a pool is a map with :pool/members")
+    known = {kw("pool/members"), kw("pool/backend"), kw("pool/probe-timeout-s"), kw("pool/model")}
+    unknown = [k for k in m if k not in known]
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {' '.join(str(k) for k in unknown)}")
+    members = m.get(kw("pool/members"))
+    if not isinstance(members, (list, tuple)) or not members or not all(isinstance(u, str) for u in members):
+        raise ValueError(f"{where}: :pool/members must be a non-empty vector of URL strings")
+    backend = m.get(kw("pool/backend"), kw("auto"))
+    if not isinstance(backend, Keyword) or backend.name not in ("auto", *BACKENDS):
+        raise ValueError(f"{where}: :pool/backend must be one of :auto {' '.join(':' + b for b in BACKENDS)}")
+    t = m.get(kw("pool/probe-timeout-s"))
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
+        raise ValueError(f"{where}: :pool/probe-timeout-s must be a positive number")
+    model = m.get(kw("pool/model"))
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"{where}: :pool/model must be a string")
+    return PoolConfig(tuple(members), backend.name, None if t is None else float(t), model)
+
+
+def load_pool_config(path: str) -> PoolConfig:
+    """Raises `EdnError` (located) or ValueError."""
+    forms = read_file(path)
+    if len(forms) != 1:
+        raise ValueError(f"{path}: expected exactly one pool map, found {len(forms)} forms")
+    return pool_config_from_edn(forms[0].value, forms[0].where)
+
+
+# ------------------------------------------------------------------ shared decisions
+
+
+class _PoolCore:
+    def __init__(self, base_urls: Sequence[str], *, backend: str, probe_timeout: float | httpx.Timeout | None,
+                 affinity_entries: int) -> None:
+        members = [u.rstrip("/") for u in base_urls]
+        if not members:
+            raise ValueError("a pool needs at least one member URL")
+        dupes = sorted({u for u in members if members.count(u) > 1})
+        if dupes:
+            raise ValueError(f"duplicate pool member(s): {', '.join(dupes)}")
+        if backend != "auto" and backend not in BACKENDS:
+            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+        self.members: tuple[str, ...] = tuple(members)
+        self.backend = backend
+        self.probe_timeout = probe_timeout if isinstance(probe_timeout, httpx.Timeout) else (
+            PROBE_TIMEOUT if probe_timeout is None else httpx.Timeout(probe_timeout, connect=min(0.5, probe_timeout)))
+        self.affinity = Affinity(affinity_entries)
+        self._detected: dict[str, str] = {}
+        self.last_capacity: PoolCapacity | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self.members)!r}, backend={self.backend!r})"
+
+    def _for_pool(self, req: Request) -> Request:
+        # The pool picks the member; a URL baked into the request would bypass admission.
+        return attrs.evolve(req, base_url=None) if req.base_url else req  # type: ignore[misc]
+
+    def _teach(self, client: Any, member: str) -> None:
+        b = self._detected.get(member)
+        if b is not None and self.backend == "auto":
+            client._detected.setdefault(member, b)  # the probe already detected it: no second detection
+
+    def _decide(self, cap: PoolCapacity, req: Request, conversation: str | None) -> Admission:
+        self.last_capacity = cap
+        adm = admit(self.members, cap.members, self.affinity.lookup(req, conversation))
+        if adm.member is None:
+            raise AdmissionRejected(
+                f"every pool member ({len(self.members)}) was measured busy; nothing was sent",
+                reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn())
+        return adm
+
+    def _annotate(self, resp: Any, adm: Admission, cap: PoolCapacity) -> Any:
+        if not hasattr(resp, "extras"):
+            return resp  # embeddings/tokenize answers: endpoint_url names the member
+        a = cap.answer_for(adm.member or "")
+        extras = dict(resp.extras)
+        extras.update({"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why})
+        if a is not None:
+            extras["capacity/verdict"] = kw(a.verdict)
+        return attrs.evolve(resp, extras=extras)
+
+
+def _attach(e: AdmissionRejected, cap: PoolCapacity) -> AdmissionRejected:
+    if e.capacity is None:
+        e.capacity = cap.to_edn()
+    return e
+
+
+# ------------------------------------------------------------------ sync
+
+
+class PoolStream:
+    """A member's `Stream`, plus which member and why; `.response` carries the pool extras."""
+
+    def __init__(self, pool: "Pool", inner: Stream, req: Request, adm: Admission, cap: PoolCapacity,
+                 conversation: str | None) -> None:
+        self._pool, self._inner, self._req, self._conv = pool, inner, req, conversation
+        self.admission, self.capacity = adm, cap
+        self.member: str = adm.member or ""
+        self.response: Any = None
+
+    @property
+    def partial_text(self) -> str:
+        return self._inner.partial_text
+
+    @property
+    def endpoint_url(self) -> str:
+        return self._inner.endpoint_url
+
+    def __iter__(self) -> Iterator[StreamDelta]:
+        yield from self._inner
+        self.response = self._pool._annotate(self._inner.response, self.admission, self.capacity)
+        self._pool.affinity.remember(self._req, self.member, self._conv)
+
+    def until_done(self) -> Any:
+        for _ in self:
+            pass
+        return self.response
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __enter__(self) -> "PoolStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Pool(_PoolCore):
+    """`Pool(["http://a:8080", "http://b:8080"], backend="llamacpp", api_key=...)`."""
+
+    def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
+                 timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
+                 model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
+                 affinity_entries: int = 4096) -> None:
+        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+        self.clients: dict[str, Client] = {
+            u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+            for u in self.members}
+        self._probe_headers = dict(self.clients[self.members[0]]._headers)
+        self._probe_http = httpx.Client(timeout=self.probe_timeout)
+        self._executor = ThreadPoolExecutor(max_workers=min(32, 4 * len(self.members)),
+                                            thread_name_prefix="kotoba-capacity")
+
+    @classmethod
+    def from_config(cls, config: PoolConfig, **kwargs: Any) -> "Pool":
+        kwargs.setdefault("backend", config.backend)
+        kwargs.setdefault("probe_timeout", config.probe_timeout_s)
+        kwargs.setdefault("model", config.model)
+        return cls(config.members, **kwargs)
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+        self._probe_http.close()
+        self._executor.shutdown(wait=False)
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def capacity(self) -> PoolCapacity:
+        """merge-pool-capacity: every member asked at once."""
+        answers = probe_endpoints(self.members, self.backend, http=self._probe_http, headers=self._probe_headers,
+                                  timeout=self.probe_timeout, executor=self._executor, detected=self._detected)
+        return merge_pool_capacity(answers, at=now_iso())
+
+    def _admit(self, request: Any, conversation: str | None) -> tuple[Request, Admission, PoolCapacity, Client]:
+        first = self.clients[self.members[0]]
+        req = self._for_pool(first._to_request(request))
+        cap = self.capacity()
+        adm = self._decide(cap, req, conversation)
+        client = self.clients[adm.member or ""]
+        self._teach(client, adm.member or "")
+        return req, adm, cap, client
+
+    def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+             conversation: str | None = None) -> Any:
+        """Same as `Client.send`, through the pool."""
+        req, adm, cap, client = self._admit(request, conversation)
+        try:
+            resp = client.send(req, timeout=timeout)
+        except AdmissionRejected as e:
+            raise _attach(e, cap)
+        self.affinity.remember(req, adm.member or "", conversation)
+        return self._annotate(resp, adm, cap)
+
+    def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+               conversation: str | None = None) -> PoolStream:
+        """Same as `Client.stream`, through the pool."""
+        req, adm, cap, client = self._admit(request, conversation)
+        try:
+            inner = client.stream(req, timeout=timeout)
+        except AdmissionRejected as e:
+            raise _attach(e, cap)
+        return PoolStream(self, inner, req, adm, cap, conversation)
+
+    def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
+             timeout: float | None = None, **sampling: Any) -> Any:
+        first = self.clients[self.members[0]]
+        return self.send(first._chat_request(messages, model, None, False, sampling, None), timeout=timeout,
+                         conversation=conversation)
+
+    def stream_chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
+                    timeout: float | None = None, **sampling: Any) -> PoolStream:
+        first = self.clients[self.members[0]]
+        return self.stream(first._chat_request(messages, model, None, True, sampling, None), timeout=timeout,
+                           conversation=conversation)
+
+
+# ------------------------------------------------------------------ async
+
+
+class AsyncPoolStream:
+    def __init__(self, pool: "AsyncPool", inner: AsyncStream, req: Request, adm: Admission, cap: PoolCapacity,
+                 conversation: str | None) -> None:
+        self._pool, self._inner, self._req, self._conv = pool, inner, req, conversation
+        self.admission, self.capacity = adm, cap
+        self.member: str = adm.member or ""
+        self.response: Any = None
+
+    @property
+    def partial_text(self) -> str:
+        return self._inner.partial_text
+
+    @property
+    def endpoint_url(self) -> str:
+        return self._inner.endpoint_url
+
+    async def __aiter__(self) -> AsyncIterator[StreamDelta]:
+        async for d in self._inner:
+            yield d
+        self.response = self._pool._annotate(self._inner.response, self.admission, self.capacity)
+        self._pool.affinity.remember(self._req, self.member, self._conv)
+
+    async def until_done(self) -> Any:
+        async for _ in self:
+            pass
+        return self.response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> "AsyncPoolStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class AsyncPool(_PoolCore):
+    """Asynchronous twin of `Pool`."""
+
+    def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
+                 timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
+                 model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
+                 affinity_entries: int = 4096) -> None:
+        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+        self.clients: dict[str, AsyncClient] = {
+            u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+            for u in self.members}
+        self._probe_headers = dict(self.clients[self.members[0]]._headers)
+        self._probe_http = httpx.AsyncClient(timeout=self.probe_timeout)
+
+    @classmethod
+    def from_config(cls, config: PoolConfig, **kwargs: Any) -> "AsyncPool":
+        kwargs.setdefault("backend", config.backend)
+        kwargs.setdefault("probe_timeout", config.probe_timeout_s)
+        kwargs.setdefault("model", config.model)
+        return cls(config.members, **kwargs)
+
+    async def aclose(self) -> None:
+        for c in self.clients.values():
+            await c.aclose()
+        await self._probe_http.aclose()
+
+    async def __aenter__(self) -> "AsyncPool":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def capacity(self) -> PoolCapacity:
+        answers = await aprobe_endpoints(self.members, self.backend, http=self._probe_http,
+                                         headers=self._probe_headers, timeout=self.probe_timeout,
+                                         detected=self._detected)
+        return merge_pool_capacity(answers, at=now_iso())
+
+    async def _admit(self, request: Any, conversation: str | None
+                     ) -> tuple[Request, Admission, PoolCapacity, AsyncClient]:
+        first = self.clients[self.members[0]]
+        req = self._for_pool(first._to_request(request))
+        cap = await self.capacity()
+        adm = self._decide(cap, req, conversation)
+        client = self.clients[adm.member or ""]
+        self._teach(client, adm.member or "")
+        return req, adm, cap, client
+
+    async def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+                   conversation: str | None = None) -> Any:
+        req, adm, cap, client = await self._admit(request, conversation)
+        try:
+            resp = await client.send(req, timeout=timeout)
+        except AdmissionRejected as e:
+            raise _attach(e, cap)
+        self.affinity.remember(req, adm.member or "", conversation)
+        return self._annotate(resp, adm, cap)
+
+    async def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+                     conversation: str | None = None) -> AsyncPoolStream:
+        req, adm, cap, client = await self._admit(request, conversation)
+        try:
+            inner = await client.stream(req, timeout=timeout)
+        except AdmissionRejected as e:
+            raise _attach(e, cap)
+        return AsyncPoolStream(self, inner, req, adm, cap, conversation)
+
+    async def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
+                   timeout: float | None = None, **sampling: Any) -> Any:
+        first = self.clients[self.members[0]]
+        return await self.send(first._chat_request(messages, model, None, False, sampling, None), timeout=timeout,
+                               conversation=conversation)
+
+
+__all__ = ["AsyncPool", "AsyncPoolStream", "Pool", "PoolConfig", "PoolStream", "load_pool_config",
+           "pool_config_from_edn"]
