@@ -112,7 +112,18 @@ class Attempt:
             self.got_response = True
 
 
+class AsyncAttempt(Attempt):
+    """The same hook for async transports: httpcore awaits the trace callback there."""
+
+    __slots__ = ()
+
+    async def __call__(self, name: str, info: Mapping[str, Any]) -> None:  # type: ignore[override]
+        Attempt.__call__(self, name, info)
+
+
 STALE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+# What a dialect's parser raises on JSON of an unexpected shape (a list where a map belongs ...)
+SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError)
 
 
 def may_resend(exc: BaseException, attempt: Attempt) -> bool:
@@ -142,10 +153,11 @@ def transport_error(exc: BaseException, url: str, timeout: httpx.Timeout, partia
 class StreamRun:
     """Pure-ish driver of one stream: feeds SSE payloads into the dialect's decoder and keeps the clock."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, sent: float | None = None) -> None:
         self.plan = plan
         self.decoder: ChunkStream = plan.dialect.stream_decoder(plan.request, plan.url)
-        self.sent = time.perf_counter()
+        # `sent` is taken before the request goes out: TTFT includes the wait for response headers.
+        self.sent = time.perf_counter() if sent is None else sent
         self.first: float | None = None
         self.token_times: list[float] = []
         self.finished = False
@@ -156,7 +168,11 @@ class StreamRun:
             from .dialects._http import stream_error
             raise stream_error(obj if isinstance(obj, dict) else {"message": data}, self.plan.url,
                                self.decoder.partial_text)
-        deltas = self.decoder.feed(data)
+        try:
+            deltas = self.decoder.feed(data)
+        except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
+            raise ProtocolError(f"unexpected stream chunk shape: {e}", offending=data, endpoint=self.plan.url,
+                                partial_text=self.decoder.partial_text) from None
         if deltas:
             now = time.perf_counter()
             for d in deltas:
@@ -256,7 +272,11 @@ class BaseClient:
         if obj is None:
             raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
         clock = ClientClock(sent=sent, done=time.perf_counter())
-        return plan.dialect.parse(plan.request, obj, plan.url, clock)
+        try:
+            return plan.dialect.parse(plan.request, obj, plan.url, clock)
+        except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
+            raise ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
+                                endpoint=plan.url) from None
 
     def _timeout_for(self, timeout: float | httpx.Timeout | None) -> httpx.Timeout:
         if timeout is None:

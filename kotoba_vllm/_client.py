@@ -7,20 +7,22 @@ failed before any response byte (see `may_resend`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
 
 import httpx
 from httpx_sse import EventSource, SSEError
 
-from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, Attempt, BaseClient, Plan, StreamRun, decide_backend,
-                           may_resend, transport_error)
+from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, Plan, StreamRun,
+                           decide_backend, may_resend, transport_error)
 from ._errors import KotobaError, ProtocolError
 from ._model import (DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
                      ModelsResponse, Response, StreamDelta, TokenizeRequest, TokenizeResponse)
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
 
+_CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
 MAX_RESENDS = 4  # bounded by stale pooled connections; a fresh one is never resent
 
 
@@ -33,9 +35,11 @@ class Stream:
 
     Closing early (or leaving the `with` block) closes the connection."""
 
-    def __init__(self, client: "Client", plan: Plan, response: httpx.Response) -> None:
+    def __init__(self, client: "Client", plan: Plan, response: httpx.Response, sent: float | None = None,
+                 timeout: httpx.Timeout | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
-        self._run = StreamRun(plan)
+        self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
+        self._run = StreamRun(plan, sent)
         self.response: Response | None = None
 
     @property
@@ -56,7 +60,7 @@ class Stream:
                 raise ProtocolError(f"not an event stream: {e}", endpoint=plan.url,
                                     partial_text=run.partial_text) from None
             except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, self._client._timeout_for(None), run.partial_text) from e
+                raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
             self.response = run.on_end()
         finally:
             self._http.close()
@@ -71,6 +75,14 @@ class Stream:
     def close(self) -> None:
         self._http.close()
 
+    def __del__(self) -> None:
+        # A stream dropped unread would otherwise hold its pooled connection forever
+        # (256 of them exhaust the pool); closing an already-closed response is a no-op.
+        try:
+            self._http.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
     def __enter__(self) -> "Stream":
         return self
 
@@ -81,9 +93,11 @@ class Stream:
 class AsyncStream:
     """Async twin of `Stream`. Cancelling the consuming task closes the connection."""
 
-    def __init__(self, client: "AsyncClient", plan: Plan, response: httpx.Response) -> None:
+    def __init__(self, client: "AsyncClient", plan: Plan, response: httpx.Response,
+                 sent: float | None = None, timeout: httpx.Timeout | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
-        self._run = StreamRun(plan)
+        self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
+        self._run = StreamRun(plan, sent)
         self.response: Response | None = None
 
     @property
@@ -105,7 +119,7 @@ class AsyncStream:
                 raise ProtocolError(f"not an event stream: {e}", endpoint=plan.url,
                                     partial_text=run.partial_text) from None
             except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, self._client._timeout_for(None), run.partial_text) from e
+                raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
             self.response = run.on_end()
         finally:
             await self._http.aclose()
@@ -118,6 +132,18 @@ class AsyncStream:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    def __del__(self) -> None:
+        # A stream dropped unread would hold its pooled connection forever; release it on the
+        # loop that owns it (the same way asyncio finalizes abandoned async generators).
+        if self._http.is_closed:
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._http.aclose())
+        except RuntimeError:  # no running loop: nothing can be awaited any more
+            return
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
 
     async def __aenter__(self) -> "AsyncStream":
         return self
@@ -211,6 +237,7 @@ class Client(BaseClient):
         return self._open_stream(self._prepare(req), self._timeout_for(timeout))
 
     def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> Stream:
+        sent = time.perf_counter()
         r = self._send(plan, timeout, stream=True)
         if r.status_code >= 400:
             try:
@@ -220,7 +247,7 @@ class Client(BaseClient):
             finally:
                 r.close()
             raise classify_error(r.status_code, raw, r.headers, plan.url)
-        return Stream(self, plan, r)
+        return Stream(self, plan, r, sent, timeout)
 
     def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
              extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Response:
@@ -297,7 +324,7 @@ class AsyncClient(BaseClient):
     async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
         http = plan.http
         for _ in range(MAX_RESENDS + 1):
-            attempt = Attempt()
+            attempt = AsyncAttempt()
             request = self._http.build_request(http.method, plan.url, json=http.body, headers=self._headers,
                                                timeout=timeout, extensions={"trace": attempt})
             try:
@@ -351,6 +378,7 @@ class AsyncClient(BaseClient):
         return await self._open_stream(await self._prepare(req), self._timeout_for(timeout))
 
     async def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> AsyncStream:
+        sent = time.perf_counter()
         r = await self._send(plan, timeout, stream=True)
         if r.status_code >= 400:
             try:
@@ -360,7 +388,7 @@ class AsyncClient(BaseClient):
             finally:
                 await r.aclose()
             raise classify_error(r.status_code, raw, r.headers, plan.url)
-        return AsyncStream(self, plan, r)
+        return AsyncStream(self, plan, r, sent, timeout)
 
     async def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
                    extras: Mapping[str, Any] | None = None, timeout: float | None = None,

@@ -76,7 +76,8 @@ def error_object(body: Any) -> dict[str, Any] | None:
 
 def decode_json(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        # Invalid UTF-8 becomes U+FFFD, as it does inside a stream (httpx decodes SSE text that way).
+        return json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
     except (ValueError, UnicodeDecodeError):
         return None
 
