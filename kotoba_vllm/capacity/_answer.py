@@ -78,6 +78,8 @@ class CapacityAnswer:
     evidence: Evidence | None = attrs.field(default=None,
                                             metadata={"edn": "capacity/evidence", "codec": NESTED(Evidence)})
     reason: str | None = attrs.field(default=None, metadata={"edn": "capacity/reason", "codec": STR})
+    # Unmeasured answers only: did any probe get an HTTP answer? (a closed port: false)
+    reachable: bool | None = attrs.field(default=None, metadata={"edn": "capacity/reachable?", "codec": BOOL})
 
     @property
     def measured(self) -> bool:

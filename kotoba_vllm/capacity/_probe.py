@@ -77,7 +77,7 @@ def _answers(endpoints: Sequence[str], backends: Sequence[str | None], reasons: 
     out = []
     for e, b, why in zip(endpoints, backends, reasons):
         if b is None:
-            out.append(unmeasured(e, None, why or "backend unknown", at=at))
+            out.append(unmeasured(e, None, why or "backend unknown", at=at, reachable=False))
             continue
         paths = PROBE_PATHS.get(b, ())
         out.append(capacity_answer(e, b, {p: got[(e, p)] for p in paths}, at))

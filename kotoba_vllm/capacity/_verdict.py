@@ -41,9 +41,10 @@ SGLANG_TOKEN_USAGE = "sglang:token_usage"
 
 
 def unmeasured(endpoint: str, backend: str | None, reason: str, *, at: str | None = None,
-               probes: Sequence[str] = ()) -> CapacityAnswer:
+               probes: Sequence[str] = (), reachable: bool | None = None) -> CapacityAnswer:
     return CapacityAnswer(endpoint=endpoint, backend=backend, verdict=UNMEASURED, enforced=False,
-                          evidence=Evidence(probes=tuple(probes) or None, at=at), reason=reason)
+                          evidence=Evidence(probes=tuple(probes) or None, at=at), reason=reason,
+                          reachable=reachable)
 
 
 def _series_note(sums: Iterable[MetricSum]) -> tuple[int | None, str | None]:
@@ -197,11 +198,15 @@ def capacity_answer(endpoint: str, backend: str | None, got: Mapping[str, Fetche
     errors = {f.error for f in got.values()}
     if got and None not in errors and len(errors) == 1:
         # Every probe failed the same way (the port is closed): say it once.
-        return unmeasured(endpoint, backend, f"{errors.pop()} (asked {', '.join(got)})", at=at, probes=tuple(got))
+        return unmeasured(endpoint, backend, f"{errors.pop()} (asked {', '.join(got)})", at=at, probes=tuple(got),
+                          reachable=False)
     if fn is None:
         return unmeasured(endpoint, backend, f"no capacity probe for backend {backend or 'unknown'}: "
                           "an OpenAI-compatible server does not publish its slots", at=at, probes=tuple(got))
-    return fn(endpoint.rstrip("/"), got, at)
+    out = fn(endpoint.rstrip("/"), got, at)
+    if not out.measured:
+        out = attrs.evolve(out, reachable=any(f.error is None for f in got.values()))
+    return out
 
 
 # ------------------------------------------------------------------ the pool
@@ -265,7 +270,8 @@ def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iter
     1. The conversation's member, while it is measured available (its prefix cache).
     2. Else the first measured-available member.
     3. Else, if some member is unmeasured, the conversation's member when it is one of
-       them, else the first unmeasured one: admitted, but not enforced.
+       them, else the first unmeasured one whose probes got any HTTP answer, else the
+       first unmeasured one: admitted, but not enforced.
     4. Else every member is measured busy: refused, nothing is sent."""
     by = _by_endpoint(answers)
     order = demote_busy_endpoints(endpoints, by)
@@ -286,6 +292,7 @@ def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iter
             return Admission(e, why, True)
     unknown = [e for e in order if (a := ans(e)) is None or not a.measured]
     if unknown:
-        pick = aff_member if aff_member in unknown else unknown[0]
+        answered = [e for e in unknown if (a := ans(e)) is not None and a.reachable is not False]
+        pick = aff_member if aff_member in unknown else (answered or unknown)[0]
         return Admission(pick, "capacity unmeasured: admitted without enforcement", False)
     return Admission(None, "all-slots-busy: every member was measured busy", True)
