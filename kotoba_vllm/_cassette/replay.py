@@ -1,0 +1,141 @@
+"""Replay a cassette into the real `Client` / `AsyncClient` through respx (no network).
+
+The mocked server answers with the recorded status, headers and the body chunk by chunk
+(boundaries kept, so a UTF-8 character split across reads reaches the SDK split).
+`replay_sync` / `replay_async` return an `Outcome`: the typed result or typed error, the
+deltas of a stream, and the request bodies the SDK sent (replay checks them against the cassette).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Iterator
+
+import attrs
+import httpx
+import respx
+
+from .._client import AsyncClient, Client
+from .._edn import kw
+from .._errors import KotobaError
+from .._model import StreamDelta
+from ..cassettes import Cassette
+from ..dialects import classify_error
+
+BASE_URL = "http://cassette.invalid:8000"
+K_REQUEST = kw("call/request")
+K_STREAM = kw("vllm/stream")
+
+
+class ChunkedBody(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """The recorded chunks, yielded one by one to sync and async readers alike."""
+
+    def __init__(self, chunks: tuple[bytes, ...]) -> None:
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for c in self._chunks:
+            yield c
+
+
+def http_response(c: Cassette) -> httpx.Response:
+    headers = {k: v for k, v in c.headers.items() if k not in ("content-length", "transfer-encoding")}
+    chunks = c.chunks if c.chunks is not None else ((c.body,) if c.body else ())
+    return httpx.Response(c.status, headers=headers, stream=ChunkedBody(chunks))
+
+
+@attrs.define
+class Outcome:
+    result: Any = None
+    error: KotobaError | None = None
+    deltas: list[StreamDelta] = attrs.field(factory=list)
+    sent: list[bytes] = attrs.field(factory=list)
+    streamed: bool = False
+    raw: bytes | None = None  # probe / raw ops: the body the client's transport read
+
+
+def _mock(c: Cassette) -> tuple[respx.MockRouter, Any]:
+    router = respx.mock(assert_all_called=False, assert_all_mocked=True)
+    route = router.route(method=c.method, url=BASE_URL + c.path).mock(side_effect=lambda req: http_response(c))
+    return router, route
+
+
+def _request_map(c: Cassette) -> dict[Any, Any]:
+    req = c.call.get(K_REQUEST)
+    assert isinstance(req, dict), f"{c.id}: :call/request missing"
+    return req
+
+
+def replay_sync(c: Cassette) -> Outcome:
+    out = Outcome()
+    router, route = _mock(c)
+    with router, Client(BASE_URL, backend=c.backend) as client:
+        try:
+            if c.op == "send":
+                req = _request_map(c)
+                if req.get(K_STREAM):
+                    out.streamed = True
+                    with client.stream(req) as s:
+                        for d in s:
+                            out.deltas.append(d)
+                    out.result = s.response
+                else:
+                    out.result = client.send(req)
+            elif c.op == "models":
+                out.result = client.models()
+            elif c.op == "health":
+                out.result = client.health()
+            else:  # probe / raw: through the client's own transport, errors typed by the SDK
+                r = client._http.request(c.method, BASE_URL + c.path, content=c.request_body)
+                out.raw = r.content
+                if r.status_code >= 400:
+                    raise classify_error(r.status_code, r.content, r.headers, BASE_URL + c.path)
+        except KotobaError as e:
+            out.error = e
+        out.sent = [call.request.content for call in route.calls]  # respx forgets calls on exit
+    return out
+
+
+async def replay_async(c: Cassette) -> Outcome:
+    out = Outcome()
+    router, route = _mock(c)
+    with router:
+        async with AsyncClient(BASE_URL, backend=c.backend) as client:
+            try:
+                if c.op == "send":
+                    req = _request_map(c)
+                    if req.get(K_STREAM):
+                        out.streamed = True
+                        s = await client.stream(req)
+                        async with s:
+                            async for d in s:
+                                out.deltas.append(d)
+                        out.result = s.response
+                    else:
+                        out.result = await client.send(req)
+                elif c.op == "models":
+                    out.result = await client.models()
+                elif c.op == "health":
+                    out.result = await client.health()
+                else:
+                    r = await client._http.request(c.method, BASE_URL + c.path, content=c.request_body)
+                    out.raw = r.content
+                    if r.status_code >= 400:
+                        raise classify_error(r.status_code, r.content, r.headers, BASE_URL + c.path)
+            except KotobaError as e:
+                out.error = e
+        out.sent = [call.request.content for call in route.calls]
+    return out
+
+
+def sent_json(out: Outcome) -> list[Any]:
+    res = []
+    for b in out.sent:
+        try:
+            res.append(json.loads(b) if b else None)
+        except ValueError:
+            res.append(b)
+    return res

@@ -1,0 +1,219 @@
+"""Cassettes: one recorded (or derived) HTTP exchange with an engine, as EDN.
+
+A cassette is a file under `tests/cassettes/<engine>/NAME.edn`:
+
+    {:cassette/name "chat" :cassette/engine :llamacpp :cassette/backend :llamacpp
+     :cassette/provenance {:cassette/how :recorded :cassette/engine-version ".." :cassette/build ".."
+                           :cassette/date ".." :cassette/source ".."}
+     :cassette/call {:call/op :send :call/request {...the SDK's EDN request...}}
+     :cassette/request {:http/method :post :http/path "/v1/chat/completions" :http/body "<JSON text>"}
+     :cassette/response {:http/status 200 :http/headers {"content-type" ".."}
+                         :http/body "<text>"  |  :http/chunks ["data: ..." ...]  |  :http/chunks-b64 [..]}
+     :cassette/expect {...what replay asserts...}}
+
+Bodies are stored as text so they stay byte-faithful; a body or chunk list that is not valid
+UTF-8 (a TCP read can split a multi-byte character) is stored base64 under `-b64` keys.
+Pure data and file I/O only: the replay and recorder live in `kotoba_vllm._cassette`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import attrs
+
+from ._edn import Keyword, kw, pretty, read_file
+
+ENGINES = ("llamacpp", "vllm", "sglang", "router")
+HOWS = ("recorded", "derived")
+# Response headers worth keeping: the ones a client decision reads.
+KEPT_HEADERS = ("content-type", "retry-after", "content-length", "transfer-encoding", "x-request-id")
+
+DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "tests" / "cassettes"
+
+
+class CassetteError(ValueError):
+    """A cassette file that does not have the cassette shape (names the file and the key)."""
+
+
+@attrs.frozen
+class Cassette:
+    name: str
+    engine: str
+    backend: str  # the dialect the client speaks to this server (a router fronts an engine)
+    provenance: dict[str, Any]
+    call: dict[str, Any]  # {:call/op ..} EDN
+    method: str
+    path: str
+    request_body: bytes | None
+    status: int
+    headers: dict[str, str]
+    body: bytes | None = None
+    chunks: tuple[bytes, ...] | None = None
+    expect: dict[Keyword, Any] = attrs.field(factory=dict)
+    source_file: str | None = None
+
+    @property
+    def how(self) -> str:
+        how = self.provenance.get(kw("cassette/how"))
+        return how.name if isinstance(how, Keyword) else str(how)
+
+    @property
+    def op(self) -> str:
+        op = self.call.get(kw("call/op"))
+        return op.name if isinstance(op, Keyword) else "raw"
+
+    @property
+    def streaming(self) -> bool:
+        return self.chunks is not None
+
+    @property
+    def raw(self) -> bytes:
+        """The whole response body as bytes (chunks joined)."""
+        if self.chunks is not None:
+            return b"".join(self.chunks)
+        return self.body or b""
+
+    @property
+    def id(self) -> str:
+        return f"{self.engine}/{self.name}"
+
+    def to_edn(self) -> dict[Keyword, Any]:
+        req: dict[Keyword, Any] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
+        if self.request_body is not None:
+            req.update(_bytes_entry("http/body", self.request_body))
+        resp: dict[Keyword, Any] = {kw("http/status"): self.status, kw("http/headers"): dict(self.headers)}
+        if self.chunks is not None:
+            texts = _utf8_all(self.chunks)
+            if texts is not None:
+                resp[kw("http/chunks")] = texts
+            else:
+                resp[kw("http/chunks-b64")] = [base64.b64encode(c).decode("ascii") for c in self.chunks]
+        elif self.body is not None:
+            resp.update(_bytes_entry("http/body", self.body))
+        return {kw("cassette/name"): self.name, kw("cassette/engine"): kw(self.engine),
+                kw("cassette/backend"): kw(self.backend), kw("cassette/provenance"): self.provenance,
+                kw("cassette/call"): self.call, kw("cassette/request"): req, kw("cassette/response"): resp,
+                kw("cassette/expect"): self.expect}
+
+
+def _bytes_entry(key: str, raw: bytes) -> dict[Keyword, Any]:
+    try:
+        return {kw(key): raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {kw(key + "-b64"): base64.b64encode(raw).decode("ascii")}
+
+
+def _utf8_all(chunks: Iterable[bytes]) -> list[str] | None:
+    try:
+        return [c.decode("utf-8") for c in chunks]
+    except UnicodeDecodeError:
+        return None
+
+
+def _bytes_from(m: dict[Any, Any], key: str) -> bytes | None:
+    if kw(key) in m:
+        return str(m[kw(key)]).encode("utf-8")
+    if kw(key + "-b64") in m:
+        return base64.b64decode(m[kw(key + "-b64")])
+    return None
+
+
+def _need(m: Any, key: str, where: str) -> Any:
+    if not isinstance(m, dict) or kw(key) not in m:
+        raise CassetteError(f"{where}: missing :{key}")
+    return m[kw(key)]
+
+
+def cassette_from_edn(m: Any, where: str = "<cassette>") -> Cassette:
+    prov = _need(m, "cassette/provenance", where)
+    how = _need(prov, "cassette/how", where)
+    if not isinstance(how, Keyword) or how.name not in HOWS:
+        raise CassetteError(f"{where}: :cassette/how must be :recorded or :derived")
+    req = _need(m, "cassette/request", where)
+    resp = _need(m, "cassette/response", where)
+    chunks: tuple[bytes, ...] | None = None
+    if kw("http/chunks") in resp:
+        chunks = tuple(str(c).encode("utf-8") for c in resp[kw("http/chunks")])
+    elif kw("http/chunks-b64") in resp:
+        chunks = tuple(base64.b64decode(c) for c in resp[kw("http/chunks-b64")])
+    engine = _need(m, "cassette/engine", where)
+    backend = m.get(kw("cassette/backend"), engine)
+    method = _need(req, "http/method", where)
+    return Cassette(
+        name=str(_need(m, "cassette/name", where)), engine=engine.name, backend=backend.name, provenance=prov,
+        call=m.get(kw("cassette/call")) or {kw("call/op"): kw("raw")},
+        method=(method.name if isinstance(method, Keyword) else str(method)).upper(),
+        path=str(_need(req, "http/path", where)), request_body=_bytes_from(req, "http/body"),
+        status=int(_need(resp, "http/status", where)),
+        headers={str(k).lower(): str(v) for k, v in (resp.get(kw("http/headers")) or {}).items()},
+        body=None if chunks is not None else _bytes_from(resp, "http/body"), chunks=chunks,
+        expect=m.get(kw("cassette/expect")) or {}, source_file=where)
+
+
+def read_cassette(path: str | Path) -> Cassette:
+    forms = read_file(str(path))
+    if len(forms) != 1:
+        raise CassetteError(f"{path}: a cassette file holds exactly one map")
+    return cassette_from_edn(forms[0].value, str(path))
+
+
+def write_cassette(c: Cassette, directory: str | Path) -> Path:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{c.name}.edn"
+    p.write_text(pretty(c.to_edn(), width=110) + "\n", encoding="utf-8")
+    return p
+
+
+def load_cassettes(engine: str | None = None, root: str | Path | None = None) -> list[Cassette]:
+    """Every cassette under `root` (default `tests/cassettes`), or one engine's, sorted by name."""
+    base = Path(root) if root is not None else DEFAULT_ROOT
+    dirs = [base / engine] if engine else sorted(p for p in base.iterdir() if p.is_dir())
+    out: list[Cassette] = []
+    for d in dirs:
+        if d.is_dir():
+            out.extend(read_cassette(p) for p in sorted(d.glob("*.edn")))
+    return out
+
+
+def cassette_body(c: Cassette) -> bytes:
+    """The response body bytes (streaming chunks joined): what a probe or parser would read."""
+    return c.raw
+
+
+def cassette_json(c: Cassette) -> Any:
+    """The response body as JSON (None when it is not JSON, e.g. /metrics text or a stream)."""
+    try:
+        return json.loads(c.raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def request_json(c: Cassette) -> Any:
+    if c.request_body is None:
+        return None
+    try:
+        return json.loads(c.request_body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def sse_payloads(raw: bytes) -> list[str]:
+    """`data:` payloads of an event stream, parsed independently of the SDK (for expectations and drift)."""
+    text = raw.decode("utf-8", "replace").replace("\r\n", "\n")
+    out = []
+    for event in text.split("\n\n"):
+        data = [ln[5:].lstrip(" ") if ln.startswith("data:") else None for ln in event.split("\n")]
+        lines = [d for d in data if d is not None]
+        if lines:
+            out.append("\n".join(lines))
+    return out
+
+
+__all__ = ["Cassette", "CassetteError", "DEFAULT_ROOT", "ENGINES", "KEPT_HEADERS", "cassette_body",
+           "cassette_from_edn", "cassette_json", "load_cassettes", "read_cassette", "request_json", "sse_payloads",
+           "write_cassette"]

@@ -1,0 +1,238 @@
+"""Contract tests: every cassette (recorded from a real llama-server, or derived from vLLM's and
+SGLang's own protocol definitions) replayed through respx into `Client` and `AsyncClient`.
+
+No network. Each replay checks what the SDK sent against the cassette's request, and what it
+made of the answer (typed and EDN) against the cassette's expectations, which were read from
+the raw bytes without the SDK's parsers. Unmodeled answer fields are listed as warnings
+(`-rw`); a field the SDK relies on that is missing fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import warnings
+from typing import Any
+
+import pytest
+
+from kotoba_vllm import (AdmissionRejected, EmbeddingResponse, Health, ModelsResponse, Response, ServerError,
+                         TokenizeResponse, DetokenizeResponse, dumps, from_edn, kw, to_edn)
+from kotoba_vllm._cassette.drift import drift
+from kotoba_vllm._cassette.replay import Outcome, replay_async, replay_sync, sent_json
+from kotoba_vllm._edn import Keyword, read_one
+from kotoba_vllm.cassettes import Cassette, cassette_body, cassette_json, load_cassettes, request_json
+
+ALL = load_cassettes()
+IDS = [c.id for c in ALL]
+
+
+class CassetteDrift(UserWarning):
+    """A replayed answer carries fields the SDK does not model."""
+
+
+def E(c: Cassette, key: str, default: Any = None) -> Any:
+    return c.expect.get(kw(key), default)
+
+
+def _name(v: Any) -> Any:
+    return v.name if isinstance(v, Keyword) else v
+
+
+def run(c: Cassette, mode: str) -> Outcome:
+    return replay_sync(c) if mode == "sync" else asyncio.run(replay_async(c))
+
+
+# ---------------------------------------------------------------- the corpus itself
+
+
+def test_corpus_size_and_provenance() -> None:
+    by_engine: dict[str, int] = {}
+    for c in ALL:
+        by_engine[c.engine] = by_engine.get(c.engine, 0) + 1
+    assert len(ALL) >= 30, by_engine
+    assert {"llamacpp", "vllm", "sglang"} <= set(by_engine), by_engine
+    for c in ALL:
+        prov = {k.name: v for k, v in c.provenance.items()}
+        for key in ("cassette/how", "cassette/engine-version", "cassette/date", "cassette/source"):
+            assert prov.get(key) not in (None, ""), f"{c.id}: provenance lacks :{key}"
+        # Only llama.cpp runs here: nothing else may claim to be recorded.
+        if c.engine != "llamacpp":
+            assert c.how == "derived", f"{c.id} is labelled {c.how} but no {c.engine} server ran here"
+        else:
+            assert c.how == "recorded", c.id
+            assert prov.get("cassette/build"), f"{c.id}: a recorded cassette names the build"
+
+
+@pytest.mark.parametrize("c", ALL, ids=IDS)
+def test_edn_file_round_trips(c: Cassette) -> None:
+    from kotoba_vllm.cassettes import cassette_from_edn
+    again = cassette_from_edn(read_one(dumps(c.to_edn())))
+    assert again.raw == c.raw and again.chunks == c.chunks and again.request_body == c.request_body
+
+
+# ---------------------------------------------------------------- replay
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("c", ALL, ids=IDS)
+def test_replay(c: Cassette, mode: str) -> None:
+    out = run(c, mode)
+    check_sent(c, out)
+    expected_error = E(c, "expect/error")
+    if expected_error is not None:
+        check_error(c, out, expected_error)
+    elif c.op == "probe":
+        check_probe(c, out)
+    else:
+        assert out.error is None, f"{c.id}: unexpected {out.error!r}"
+        check_result(c, out)
+    report = drift(c)
+    if report is not None:
+        if report.unmodeled and mode == "sync":
+            warnings.warn(CassetteDrift(f"{c.id} ({report.shape}) unmodeled fields: "
+                                        + ", ".join(report.unmodeled)), stacklevel=1)
+        assert not report.missing, f"{c.id}: fields the SDK relies on are gone: {report.missing}"
+
+
+def check_sent(c: Cassette, out: Outcome) -> None:
+    """One call, one HTTP request; the SDK's body is the recorded one (what was recorded is what it sends)."""
+    assert len(out.sent) == 1, f"{c.id}: {len(out.sent)} requests sent"
+    if c.op == "send":
+        assert sent_json(out)[0] == request_json(c), f"{c.id}: the SDK now renders a different body"
+
+
+def check_error(c: Cassette, out: Outcome, exp: dict[Keyword, Any]) -> None:
+    err = out.error
+    assert isinstance(err, ServerError), f"{c.id}: expected a typed error, got {err!r} / {out.result!r}"
+    edn = err.to_edn()
+    assert edn[kw("vllm/error")] == exp[kw("vllm/error")], edn
+    assert edn[kw("vllm/endpoint-url")].endswith(c.path)
+    for key in ("vllm/status", "vllm/error-type", "vllm/reason", "vllm/retry-after-s"):
+        if kw(key) in exp:
+            assert edn.get(kw(key)) == exp[kw(key)], (key, edn)
+    if kw("vllm/message") in exp:
+        assert err.message == exp[kw("vllm/message")]
+    if kw("expect/partial-text") in exp:
+        assert err.partial_text == exp[kw("expect/partial-text")]
+        assert "".join(d.delta for d in out.deltas) == exp[kw("expect/partial-text")]
+    if isinstance(err, AdmissionRejected):
+        assert err.sent is True  # one call, one HTTP request: the answer came from the server, never retried
+        if "retry-after" in c.headers:
+            assert err.retry_after_s is not None and err.retry_after_s >= 0.0
+    # The engine's structured fields survive (e.g. llama.cpp's n_prompt_tokens / n_ctx on overflow).
+    body = cassette_json(c)
+    inner = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
+    if inner is not None and not c.streaming and not isinstance(err, AdmissionRejected):
+        for k, v in inner.items():
+            if k not in ("message", "type") and isinstance(v, (int, str)) and not isinstance(v, bool):
+                assert err.details.get(kw(k)) == v, (k, err.details)
+
+
+def check_probe(c: Cassette, out: Outcome) -> None:
+    assert out.error is None and out.raw == cassette_body(c)
+    if E(c, "expect/parse") == kw("prometheus"):
+        from prometheus_client.parser import text_string_to_metric_families
+        fams = {f.name: f for f in text_string_to_metric_families(out.raw.decode())}
+        assert fams, c.id
+        for name in E(c, "expect/metrics", []):
+            assert any(name in (f.name, f.name + "_total") or any(s.name == name for s in f.samples)
+                       for f in fams.values()), f"{c.id}: metric {name} missing"
+    else:
+        assert isinstance(json.loads(out.raw), (dict, list))
+
+
+def check_result(c: Cassette, out: Outcome) -> None:
+    r = out.result
+    if c.op == "health":
+        assert isinstance(r, Health) and r.ok is E(c, "expect/ok") and r.status == E(c, "expect/status")
+        return
+    if c.op == "models":
+        assert isinstance(r, ModelsResponse)
+        assert [m.id for m in r.models] == E(c, "expect/models")
+        return
+    if isinstance(r, TokenizeResponse):
+        assert list(r.tokens) == E(c, "expect/tokens")
+        return
+    if isinstance(r, DetokenizeResponse):
+        assert r.text == E(c, "expect/text")
+        return
+    if isinstance(r, EmbeddingResponse):
+        assert len(r.embeddings) == E(c, "expect/embeddings")
+        assert all(len(v) == E(c, "expect/dims") for v in r.embeddings)
+        return
+    assert isinstance(r, Response), f"{c.id}: {r!r}"
+    check_response(c, r, out)
+
+
+def check_response(c: Cassette, r: Response, out: Outcome) -> None:
+    assert r.backend == c.backend and r.endpoint_url is not None and r.endpoint_url.endswith(c.path)
+    assert r.text == E(c, "expect/text"), (r.text, E(c, "expect/text"))
+    assert r.finish_reason == _name(E(c, "expect/finish-reason"))
+    usage = E(c, "expect/usage")
+    if usage:
+        assert r.usage is not None
+        for k, v in usage.items():
+            assert getattr(r.usage, k.name.split("/")[1].replace("-", "_")) == v, (k, r.usage)
+    if E(c, "expect/reasoning") is not None:
+        assert r.choices[0].reasoning == E(c, "expect/reasoning")
+    tools = E(c, "expect/tool-calls")
+    if tools:
+        got = r.choices[0].tool_calls or ()
+        assert [(t.name, t.arguments) for t in got] == [(t[kw("vllm/name")], t[kw("vllm/arguments")]) for t in tools]
+        for t in got:
+            json.loads(t.arguments or "{}")  # arguments assembled into valid JSON
+    if E(c, "expect/logprobs?"):
+        assert r.choices[0].logprobs is not None
+    if E(c, "expect/choices") is not None:
+        assert len(r.choices) == E(c, "expect/choices")
+    for fig, prov in (E(c, "expect/timings") or {}).items():
+        figure = getattr(r.timings, fig.name.split("/")[1].replace("-", "_"))
+        assert figure.provenance == prov.name, (fig, figure)
+        if prov.name == "unavailable":
+            assert figure.tokens is None and figure.ms is None  # unmeasured is never zero
+    if out.streamed:
+        joined = "".join(d.delta for d in out.deltas)
+        assert joined == r.text, "deltas joined differ from the final text"
+        assert sum(1 for d in out.deltas if d.finish_reason is not None) >= 1
+        if E(c, "expect/reasoning") is not None:
+            assert "".join(d.reasoning or "" for d in out.deltas) == E(c, "expect/reasoning")
+    # EDN: the typed answer as EDN carries the same facts, and reads back equal.
+    edn = to_edn(r)
+    assert edn.get(kw("vllm/text")) == r.text and edn.get(kw("vllm/backend")) == kw(c.backend)
+    assert from_edn(read_one(dumps(edn)), Response) == r
+
+
+# ---------------------------------------------------------------- the drift detector itself
+
+
+def test_drift_lists_unmodeled_and_fails_on_missing() -> None:
+    import attrs
+    chat = next(c for c in ALL if c.engine == "llamacpp" and c.name == "chat")
+    body = json.loads(chat.raw)
+    body["brand_new_field"] = {"x": 1}
+    del body["usage"]
+    mutated = attrs.evolve(chat, body=json.dumps(body).encode())
+    report = drift(mutated)
+    assert report is not None
+    assert "brand_new_field" in report.unmodeled
+    assert "usage.prompt_tokens" in report.missing
+
+
+STREAMS = [c for c in ALL if c.streaming and E(c, "expect/error") is None]
+
+
+@pytest.mark.parametrize("c", STREAMS, ids=[c.id for c in STREAMS])
+def test_stream_survives_any_chunking(c: Cassette) -> None:
+    """Re-cut every stream into 5-byte reads (splitting UTF-8 characters and SSE lines): the stored
+    form falls back to base64, reads back byte-exact, and the SDK assembles the same answer."""
+    import attrs
+    from kotoba_vllm.cassettes import cassette_from_edn
+    raw = c.raw
+    recut = attrs.evolve(c, chunks=tuple(raw[i:i + 5] for i in range(0, len(raw), 5)))
+    edn = recut.to_edn()
+    again = cassette_from_edn(read_one(dumps(edn)))
+    assert again.chunks == recut.chunks
+    out = replay_sync(again)
+    assert out.error is None and isinstance(out.result, Response)
+    assert out.result.text == E(c, "expect/text") == "".join(d.delta for d in out.deltas)
