@@ -200,6 +200,65 @@ class StreamRun:
         return self.decoder.partial_text
 
 
+def not_event_stream(content_type: str) -> str | None:
+    """Why a response is not an SSE stream (None when it is)."""
+    ctype = content_type.partition(";")[0]
+    if "text/event-stream" in ctype:
+        return None
+    return f"Expected response header Content-Type to contain 'text/event-stream', got {ctype!r}"
+
+
+class SseDecoder:
+    """Bytes in, `(event, data)` out: the WHATWG event-stream line protocol, sans-I/O.
+
+    Leaner than text decoding plus per-line event objects (httpx-sse): lines are split as
+    bytes and only `data`/`event` values are decoded (UTF-8, invalid bytes replaced; a
+    newline byte never sits inside a UTF-8 sequence, so per-line decoding is exact). An
+    event is dispatched on a blank line when it has data or an event name; `id`, `retry`
+    and comments are ignored; a trailing event with no blank line is dropped."""
+
+    __slots__ = ("_buf", "_data", "_event", "_skip_lf")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+        self._event: str | None = None
+        self._skip_lf = False  # the last chunk ended in CR: a leading LF belongs to that CRLF
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            if buf[-1:] == b"\r":
+                self._skip_lf = True
+                buf += b"\n"
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        out: list[tuple[str | None, str]] = []
+        data = self._data
+        for line in lines:
+            if line[:6] == b"data: ":
+                data.append(line[6:].decode("utf-8", "replace"))
+            elif not line:
+                if data or self._event is not None:
+                    out.append((self._event, "\n".join(data)))
+                    data = self._data = []
+                    self._event = None
+            elif line[:1] != b":":
+                name, _, value = line.partition(b":")
+                if value[:1] == b" ":
+                    value = value[1:]
+                if name == b"data":
+                    data.append(value.decode("utf-8", "replace"))
+                elif name == b"event":
+                    self._event = value.decode("utf-8", "replace")
+        return out
+
+
 class BaseClient:
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,

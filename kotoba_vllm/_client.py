@@ -12,10 +12,9 @@ import time
 from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
 
 import httpx
-from httpx_sse import EventSource, SSEError
 
-from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, Plan, StreamRun,
-                           decide_backend, may_resend, transport_error)
+from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, Plan, SseDecoder,
+                           StreamRun, decide_backend, may_resend, not_event_stream, transport_error)
 from ._errors import KotobaError, ProtocolError
 from ._model import (DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
                      ModelsResponse, Response, StreamDelta, TokenizeRequest, TokenizeResponse)
@@ -54,11 +53,14 @@ class Stream:
         run, plan = self._run, self._plan
         try:
             try:
-                for sse in EventSource(self._http).iter_sse():
-                    yield from run.on_data(sse.data, sse.event if sse.event != "message" else None)
-            except SSEError as e:
-                raise ProtocolError(f"not an event stream: {e}", endpoint=plan.url,
-                                    partial_text=run.partial_text) from None
+                why = not_event_stream(self._http.headers.get("content-type", ""))
+                if why is not None:
+                    raise ProtocolError(f"not an event stream: {why}", endpoint=plan.url,
+                                        partial_text=run.partial_text)
+                sse = SseDecoder()
+                for chunk in self._http.iter_bytes():
+                    for event, data in sse.feed(chunk):
+                        yield from run.on_data(data, event)
             except httpx.HTTPError as e:
                 raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
             self.response = run.on_end()
@@ -112,12 +114,15 @@ class AsyncStream:
         run, plan = self._run, self._plan
         try:
             try:
-                async for sse in EventSource(self._http).aiter_sse():
-                    for d in run.on_data(sse.data, sse.event if sse.event != "message" else None):
-                        yield d
-            except SSEError as e:
-                raise ProtocolError(f"not an event stream: {e}", endpoint=plan.url,
-                                    partial_text=run.partial_text) from None
+                why = not_event_stream(self._http.headers.get("content-type", ""))
+                if why is not None:
+                    raise ProtocolError(f"not an event stream: {why}", endpoint=plan.url,
+                                        partial_text=run.partial_text)
+                sse = SseDecoder()
+                async for chunk in self._http.aiter_bytes():
+                    for event, data in sse.feed(chunk):
+                        for d in run.on_data(data, event):
+                            yield d
             except httpx.HTTPError as e:
                 raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
             self.response = run.on_end()
