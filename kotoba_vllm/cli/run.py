@@ -1,103 +1,217 @@
-"""`run FILE|-`: send each request, print one EDN result per request (response or typed error)."""
+"""`run FILE|-`: send every request of a file, many at a time; one result per request, in input order.
+
+Input: EDN request maps (or one vector of them), or OpenAI/vLLM batch JSONL (`.jsonl`).
+Output: one record per input position (response, typed error, or validation problems),
+EDN by default, JSONL in vLLM's run-batch shape with `--format jsonl` or a `.jsonl` file.
+Interrupt (Ctrl-C / SIGTERM): nothing new is sent, in-flight requests finish and are
+recorded, early finishers wait in `OUTPUT.pending`; `--resume` completes the file.
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import asyncio
 import os
+import signal
 import sys
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 from .._base_client import API_KEY_ENV, BASE_URL_ENV
-from .._client import Client
-from .._edn import EdnError, kw
-from .._errors import KotobaError
-from .._model import to_edn
-from .._requests import request_to_edn
+from .._client import AsyncClient
+from .._edn import EdnError, pretty
+from .._model import StreamDelta
+from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder,
+                     detect_format, iter_entries, journal_path, load_existing)
 from ..dialects import DIALECTS
-from ._common import Entry, emit, load_entries, problem_record
 
-HELP = "Send every request in an EDN file and print one EDN result per request (exit 1 if any failed)."
+HELP = "Send every request in an EDN or batch-JSONL file, N at a time; one result per request, in order."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="EDN request file: request maps or one vector of them ('-' for stdin)")
-    p.add_argument("--base-url", help=f"server URL (else the request's :vllm/base-url, else ${BASE_URL_ENV}, "
-                                      "else a local llama-server is started)")
+    p.add_argument("file", help="EDN request file (request maps or one vector of them), or batch JSONL "
+                                "(.jsonl: OpenAI/vLLM run-batch lines); '-' for stdin")
+    p.add_argument("--base-url", action="append", default=None,
+                   help=f"server URL (else the request's :vllm/base-url, else ${BASE_URL_ENV}, else a local "
+                        "llama-server is started); give it more than once to spread over a pool")
+    p.add_argument("--pool", help="pool spec (EDN) to send through instead of one server")
     p.add_argument("--backend", "-b", choices=["auto", *sorted(DIALECTS)], default="auto",
                    help="engine dialect (default: detect from the server's own endpoints)")
     p.add_argument("--api-key", help=f"bearer token (also ${API_KEY_ENV}); never printed")
-    p.add_argument("--stream", action="store_true", help="stream every request; print each delta as it arrives")
+    p.add_argument("--stream", action="store_true",
+                   help="stream every request; its deltas are written just before its result")
     p.add_argument("--output", "-o", help="write results to this file instead of stdout")
     p.add_argument("--local", action="store_true", help="start a local llama-server (tiny model) for this run")
     p.add_argument("--model", help="GGUF for --local (default: the tiny random test model)")
     p.add_argument("--timeout", type=float, default=None, help="per-request timeout in seconds")
     p.add_argument("--pretty", action="store_true", help="pretty-print EDN")
+    p.add_argument("--concurrency", "-c", type=int, default=8, help="requests in flight at once (default 8)")
+    p.add_argument("--resume", action="store_true",
+                   help="complete an interrupted --output: send only what it does not answer yet")
+    p.add_argument("--format", choices=["edn", "jsonl"], default=None,
+                   help="output format (default: from --output's extension, else the input's format)")
+    p.add_argument("--input-format", choices=["edn", "jsonl"], default=None,
+                   help="input format (default: .jsonl/.ndjson is JSONL, anything else EDN)")
+    p.add_argument("--summary", help="also write the closing summary as an EDN map to this file")
+    p.add_argument("--window", type=int, default=None,
+                   help="most results held waiting for an earlier one (default max(1024, 64 x concurrency))")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-@contextlib.contextmanager
-def _server(args: argparse.Namespace, entries: list[Entry]) -> Iterator[str | None]:
-    configured = args.base_url or os.environ.get(BASE_URL_ENV)
-    every_request_has_url = bool(entries) and all(e.request is not None and e.request.base_url for e in entries)
-    if configured and not args.local:
-        yield configured
-        return
-    if every_request_has_url and not args.local:
-        yield None
-        return
-    from ..local import LlamaServer, LocalServerError
+class _LocalOnDemand:
+    """A local llama-server started the first time a request needs one (no URL anywhere)."""
 
-    try:
-        server = LlamaServer(args.model, n_ctx=2048).start()
-    except LocalServerError as e:
-        print(f"error: could not start a local llama-server: {e}", file=sys.stderr)
-        raise SystemExit(3) from None
-    print(f";; local llama-server at {server.base_url}", file=sys.stderr)
-    try:
-        yield server.base_url
-    finally:
-        server.stop()
+    def __init__(self, model: str | None) -> None:
+        self.model = model
+        self.server: Any = None
+        self._lock = asyncio.Lock()
+
+    async def ensure(self, client: AsyncClient) -> None:
+        async with self._lock:
+            if self.server is not None:
+                return
+            from ..local import LlamaServer, LocalServerError
+            try:
+                self.server = await asyncio.to_thread(lambda: LlamaServer(self.model, n_ctx=2048).start())
+            except LocalServerError as e:
+                print(f"error: could not start a local llama-server: {e}", file=sys.stderr)
+                raise SystemExit(3) from None
+            client.base_url = self.server.base_url
+            print(f";; local llama-server at {self.server.base_url}", file=sys.stderr)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def _make_client(args: argparse.Namespace, urls: list[str]) -> Any:
+    """One AsyncClient, or the pool (issue 5) when several URLs or a pool spec are given."""
+    kwargs: dict[str, Any] = {"backend": args.backend, "api_key": args.api_key, "timeout": args.timeout}
+    if len(urls) > 1 or args.pool:
+        try:
+            from .. import pool  # type: ignore[attr-defined]
+        except ImportError:
+            print("error: several --base-url or --pool need kotoba_vllm.pool, which is not built yet",
+                  file=sys.stderr)
+            raise SystemExit(2) from None
+        if args.pool:
+            return pool.AsyncPool.from_file(args.pool, **kwargs)
+        return pool.AsyncPool(urls, **kwargs)
+    return AsyncClient(urls[0] if urls else None, **kwargs)
+
+
+def _formats(args: argparse.Namespace) -> tuple[str, str]:
+    in_fmt = detect_format(args.file, args.input_format)
+    out_fmt = args.format or (detect_format(args.output) if args.output and
+                              args.output.endswith((".jsonl", ".ndjson", ".edn")) else in_fmt)
+    return in_fmt, out_fmt
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume and not args.output:
+        print("error: --resume needs --output (the file to complete)", file=sys.stderr)
+        return 2
+    if args.concurrency < 1:
+        print("error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    if args.file != "-" and not os.path.exists(args.file):
+        print(f"error: {args.file}: no such file", file=sys.stderr)
+        return 2
     try:
-        entries = load_entries(args.file)
-    except (EdnError, OSError) as e:
+        summary = asyncio.run(_run(args))
+    except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out: TextIO = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    failed = 0
+    print(summary.line(), file=sys.stderr)
+    if summary.pending:
+        print(f";; finished results past the first gap wait in {summary.pending}; "
+              f"--resume writes them in order", file=sys.stderr)
+    if summary.input_error:
+        print(f"error: {summary.input_error}", file=sys.stderr)
+    if args.summary:
+        with open(args.summary, "w", encoding="utf-8") as fh:
+            fh.write(pretty(summary.to_edn()) + "\n")
+    if summary.input_error:
+        return 2
+    if not summary.complete:
+        return 130
+    return 1 if summary.failed else 0
+
+
+async def _run(args: argparse.Namespace) -> BatchSummary:
+    in_fmt, out_fmt = _formats(args)
+    urls = list(args.base_url or [])
+    if not urls and os.environ.get(BASE_URL_ENV) and not args.local:
+        urls = [os.environ[BASE_URL_ENV]]
+    local = _LocalOnDemand(args.model) if args.local or not urls and not args.pool else None
+    existing = ExistingOutput()
+    out: TextIO
+    if args.output:
+        if args.resume:
+            existing = load_existing(args.output, out_fmt)
+        elif os.path.exists(journal_path(args.output)):
+            os.remove(journal_path(args.output))  # a fresh run: an old journal means nothing now
+        out = open(args.output, "a" if args.resume else "w", encoding="utf-8")
+    else:
+        out = sys.stdout
+    sink = OrderedSink(out, journal=journal_path(args.output) if args.output else None, skip=existing.done)
+    backend_args = args
+    if args.local and args.backend == "auto":
+        backend_args = argparse.Namespace(**{**vars(args), "backend": "llamacpp"})
+    client = _make_client(backend_args, urls)
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        progress = tqdm(unit="req", desc="batch", file=sys.stderr, disable=None, mininterval=0.5,
+                        initial=len(existing.done))
+
+    async def send(e: BatchEntry) -> tuple[Any, list[StreamDelta]]:
+        req = e.request
+        assert req is not None
+        if local is not None and req.base_url is None:
+            await local.ensure(client)
+        if (args.stream or req.stream) and out_fmt == "edn":
+            s = await client.stream(req, timeout=args.timeout)
+            deltas = [d async for d in s]
+            return s.response, deltas
+        return await client.send(req, timeout=args.timeout), []
+
+    runner = BatchRunner(send, sink, Recorder(out_fmt, args.pretty), concurrency=args.concurrency,
+                         window=args.window, existing=existing, progress=progress)
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signame: str) -> None:
+        if runner._stops == 0:
+            print(f"\n;; {signame}: sending nothing new; waiting for {runner.in_flight} in flight "
+                  f"(again to abandon them)", file=sys.stderr)
+        runner.stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - not on this platform/thread
+            pass
     try:
-        with _server(args, entries) as base_url:
-            backend = "llamacpp" if args.local and args.backend == "auto" else args.backend
-            with Client(base_url, backend=backend, api_key=args.api_key, timeout=args.timeout) as client:
-                for entry in entries:
-                    record = _one(client, entry, args, out)
-                    if kw("vllm/error") in record:
-                        failed += 1
-                    emit(record, out, pretty_print=args.pretty)
+        if args.local and local is not None:
+            await local.ensure(client)
+        summary = await runner.run(iter_entries(args.file, in_fmt))
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover
+                pass
+        if progress is not None:
+            progress.close()
+        close = getattr(client, "aclose", None)
+        if close is not None:
+            await close()
+        await asyncio.to_thread(local.stop) if local is not None else None
         if out is not sys.stdout:
             out.close()
-    return 1 if failed else 0
+    summary.output = args.output
+    if args.output and os.path.exists(journal_path(args.output)):
+        summary.pending = journal_path(args.output)
+    return summary
 
 
-def _one(client: Client, entry: Entry, args: argparse.Namespace, out: TextIO) -> dict[Any, Any]:
-    if entry.request is None or any(p.is_error for p in entry.problems):
-        return problem_record(entry, [p for p in entry.problems if p.is_error])
-    req = entry.request
-    request_id = req.request_id if req.request_id is not None else entry.index
-    try:
-        if args.stream or req.stream:
-            stream = client.stream(req, timeout=args.timeout)
-            with stream:
-                for delta in stream:
-                    emit(to_edn(delta), out)
-            result: dict[Any, Any] = to_edn(stream.response)
-        else:
-            result = to_edn(client.send(req, timeout=args.timeout))
-    except KotobaError as e:
-        result = e.to_edn()
-        result[kw("vllm/request")] = request_to_edn(req)
-    result[kw("vllm/request-id")] = request_id
-    return result
+_ = EdnError

@@ -1,0 +1,15 @@
+"""Batch runs: many requests from a file, bounded concurrency, every input answered once,
+results in input order, resumable after an interrupt; EDN or OpenAI/vLLM batch JSONL.
+
+    from kotoba_vllm.batch import iter_entries, run_batch
+"""
+
+from __future__ import annotations
+
+from ._edn_stream import FormStream
+from ._entries import BatchEntry, detect_format, iter_entries
+from ._output import ExistingOutput, OrderedSink, journal_path, load_existing
+from ._runner import BatchRunner, BatchSummary, Recorder
+
+__all__ = ["BatchEntry", "BatchRunner", "BatchSummary", "ExistingOutput", "FormStream", "OrderedSink",
+           "Recorder", "detect_format", "iter_entries", "journal_path", "load_existing"]

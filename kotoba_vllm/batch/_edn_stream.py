@@ -1,0 +1,169 @@
+"""Streaming EDN: cut a large file into top-level forms without reading it whole.
+
+A cheap scanner (strings, comments, character literals, brackets) finds where each
+top-level form closes; each cut segment is then read by the ordinary position-aware
+reader, with its line and column shifted to the segment's place in the file. A file
+that is one vector of requests is streamed element by element the same way.
+Memory: one read chunk plus one form at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import IO, Iterator
+
+from .._edn import _DISCARDED, EdnError, Form, _Reader
+
+CHUNK = 1 << 20
+
+# Only what changes bracket depth matters; an unfinished token at the buffer's end
+# (string, comment, `\x`) is matched by the short alternatives so we can read more.
+_SCAN = re.compile(r'"(?:[^"\\]|\\.)*"|(?P<open_str>")|;[^\n]*|\\.|(?P<open_char>\\$)|[\[({]|[\])}]', re.DOTALL)
+_FIRST = re.compile(r"(?:[\s,]+|;[^\n]*)*")
+
+
+class _ShiftedReader(_Reader):
+    """`_Reader` whose positions are those of the whole file, not the segment."""
+
+    def __init__(self, text: str, source: str, line: int, column: int) -> None:
+        super().__init__(text, source)
+        self.base_line, self.base_column = line, column
+
+    def where(self, pos: int) -> tuple[int, int]:
+        line, col = super().where(pos)
+        return line + self.base_line - 1, col + (self.base_column - 1 if line == 1 else 0)
+
+
+def _read_segment(text: str, source: str, line: int, column: int) -> Iterator[Form]:
+    r = _ShiftedReader(text, source, line, column)
+    while True:
+        m = r.next()
+        if m is None:
+            return
+        v = r.read(m)
+        if v is _DISCARDED:
+            continue
+        ln, col = r.where(m.start())
+        yield Form(v, source, ln, col, 0, r)
+
+
+class FormStream:
+    """Yield the top-level forms of a text stream one at a time, located in the file.
+
+    `vector_elements=True`: when the first form is a vector, yield its elements instead
+    (the "one vector of requests" file shape); forms after that vector are an error.
+    `recover=True`: a segment that does not read yields its `EdnError` in place of forms and
+    reading goes on at the next segment (segments are cut on brackets and strings alone, so
+    a bad token inside one form does not spoil the rest).
+    """
+
+    def __init__(self, fh: IO[str], source: str, *, vector_elements: bool = True, chunk: int = CHUNK,
+                 recover: bool = False) -> None:
+        self.fh, self.source, self.chunk = fh, source, chunk
+        self.recover = recover
+        self.vector_elements = vector_elements
+        self.buf = ""
+        self.off = 0  # buf[:off] is consumed; slicing per form would copy the chunk each time
+        self.eof = False
+        self.line, self.column = 1, 1  # file position of buf[off]
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        data = self.fh.read(self.chunk)
+        if not data:
+            self.eof = True
+            return False
+        self.buf = self.buf[self.off:] + data
+        self.off = 0
+        return True
+
+    def _advance(self, to: int) -> None:
+        """Consume buf[off:to], keeping the line and column of the new position."""
+        nl = self.buf.count("\n", self.off, to)
+        if nl:
+            self.line += nl
+            self.column = to - self.buf.rfind("\n", self.off, to)
+        else:
+            self.column += to - self.off
+        self.off = to
+
+    def _skip_blank(self) -> None:
+        while True:
+            end = _FIRST.match(self.buf, self.off).end()  # type: ignore[union-attr]
+            if end < len(self.buf):
+                self._advance(end)
+                return
+            # blank to the buffer's end; keep an unterminated comment, it may go on in the next chunk
+            semi = self.buf.rfind(";", self.off, end)
+            self._advance(semi if semi != -1 and "\n" not in self.buf[semi:end] else end)
+            if not self._more():
+                self._advance(len(self.buf))
+                return
+
+    def _cut(self, in_vector: bool) -> int:
+        """Offset just past the form that starts at `off`, reading more as needed (buffer end at EOF).
+        Inside the top-level vector, its closing `]` is left in place."""
+        depth, pos = 0, self.off
+        while True:
+            need_more = False
+            for m in _SCAN.finditer(self.buf, pos):
+                g = m.group()
+                if m.lastgroup is not None or (g[0] == ";" and m.end() == len(self.buf)):
+                    if not self.eof:  # unfinished token at the buffer's end
+                        pos, need_more = m.start(), True
+                        break
+                    if m.lastgroup is not None:
+                        return len(self.buf)  # unterminated at EOF: the reader locates it
+                    continue
+                c = g[0]
+                if c in "[({":
+                    depth += 1
+                elif c in "])}":
+                    depth -= 1
+                    if depth < 0 and in_vector:
+                        return m.start()
+                    if depth <= 0:
+                        return m.end()
+            else:
+                pos, need_more = len(self.buf), True
+            if need_more:
+                before = len(self.buf) - self.off
+                pos -= self.off
+                if not self._more() and pos >= before:
+                    return len(self.buf)
+                pos += self.off
+
+    def __iter__(self) -> Iterator[Form | EdnError]:  # type: ignore[override]
+        self._more()
+        self._skip_blank()
+        in_vector = False
+        open_line = open_col = 0
+        if self.vector_elements and self.buf.startswith("[", self.off):
+            in_vector, open_line, open_col = True, self.line, self.column
+            self._advance(self.off + 1)
+        while True:
+            self._skip_blank()
+            if self.off >= len(self.buf):
+                if in_vector:
+                    raise EdnError("'[' is never closed", self.source, open_line, open_col)
+                return
+            if in_vector and self.buf[self.off] == "]":
+                self._advance(self.off + 1)
+                self._skip_blank()
+                if self.off < len(self.buf):
+                    raise EdnError("a file that is one vector of requests must hold nothing after it",
+                                   self.source, self.line, self.column)
+                return
+            end = self._cut(in_vector)
+            seg, line, col = self.buf[self.off:end], self.line, self.column
+            self._advance(end)
+            if not self.recover:
+                yield from _read_segment(seg, self.source, line, col)
+                continue
+            try:
+                forms = list(_read_segment(seg, self.source, line, col))
+            except EdnError as e:
+                yield e
+                continue
+            yield from forms

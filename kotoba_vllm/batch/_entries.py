@@ -1,0 +1,82 @@
+"""Batch input, one located entry at a time: EDN request forms or OpenAI/vLLM batch JSONL lines."""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any, Iterator
+
+import attrs
+
+from .._edn import EdnError, kw
+from .._model import Request
+from .._problems import Problem
+from .._requests import request_from_edn
+from ._edn_stream import FormStream
+
+
+@attrs.frozen
+class BatchEntry:
+    """One request of a batch: typed when it could be read, with its problems either way.
+
+    `index` is the position in the input (0-based); `custom_id` is the JSONL line's id.
+    """
+
+    index: int
+    where: str
+    request: Request | None
+    problems: tuple[Problem, ...] = ()
+    custom_id: str | None = None
+
+    @property
+    def sendable(self) -> bool:
+        return self.request is not None and not any(p.is_error for p in self.problems)
+
+    @property
+    def request_id(self) -> Any:
+        return self.request.request_id if self.request is not None else None
+
+
+def detect_format(path: str, fmt: str | None = None) -> str:
+    if fmt and fmt != "auto":
+        return fmt
+    return "jsonl" if path.endswith((".jsonl", ".ndjson")) else "edn"
+
+
+def _open(path: str) -> IO[str]:
+    if path == "-":
+        return sys.stdin
+    return open(path, encoding="utf-8", errors="strict", newline="")
+
+
+def iter_edn_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
+    """Each request form of an EDN stream; a form that does not read is an entry with an
+    `:edn/syntax` problem, and reading goes on."""
+    for i, f in enumerate(FormStream(fh, source, recover=True)):
+        if isinstance(f, EdnError):
+            where = f"{f.source}:{f.line}:{f.column}"
+            yield BatchEntry(i, where, None, (Problem("error", "edn/syntax", f.msg, where=where),))
+            continue
+        req, problems = request_from_edn(f.value, f)
+        yield BatchEntry(i, f.where, req, tuple(problems))
+
+
+def iter_entries(path: str, fmt: str | None = None) -> Iterator[BatchEntry]:
+    """Stream the entries of `path` ('-' is stdin) without reading the file whole."""
+    fmt = detect_format(path, fmt)
+    source = "<stdin>" if path == "-" else path
+    fh = _open(path)
+    try:
+        if fmt == "jsonl":
+            from ._jsonl import iter_jsonl_entries
+            yield from iter_jsonl_entries(fh, source)
+        else:
+            try:
+                yield from iter_edn_entries(fh, source)
+            except UnicodeDecodeError as e:
+                raise EdnError(f"not UTF-8 text ({e.reason})", source, 1, 1) from None
+    finally:
+        if fh is not sys.stdin:
+            fh.close()
+
+
+K_INDEX = kw("vllm/request-index")

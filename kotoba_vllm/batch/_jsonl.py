@@ -1,0 +1,290 @@
+"""OpenAI / vLLM batch JSONL, read and written.
+
+Input line (what `vllm run-batch` and the OpenAI Batch API take):
+    {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+The body's wire fields map back onto the EDN model (`max_tokens` -> `:vllm/max-tokens`,
+`messages` -> `:vllm/messages`, ...). A body field with no EDN meaning is a validation
+problem naming the line and the field, never dropped.
+
+Output line (the shape of vLLM's `BatchRequestOutput`):
+    {"id": "batch-..", "custom_id": "r1",
+     "response": {"status_code": 200, "request_id": "..", "body": <OpenAI response object>},
+     "error": null | {"code": "<error kind>", "message": ".."}}
+plus a `"kotoba"` object (extra fields are allowed there) that says which endpoint answered,
+the request's input position and, for failures, the typed error as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import IO, Any, Iterator
+
+from .._codec import edn_to_json
+from .._edn import Keyword, kw
+from .._errors import KotobaError, ServerError
+from .._model import EmbeddingResponse, Response, to_edn
+from .._problems import Problem
+from .._requests import request_from_edn
+from .._sampling import SAMPLING_TABLE
+from ._entries import BatchEntry
+
+URL_ENDPOINTS: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
+}
+ENDPOINT_URLS = {v: k for k, v in URL_ENDPOINTS.items()}
+
+# wire name -> EDN sampling key; the table is the single source, plus OpenAI's aliases.
+_SAMPLING_WIRE: dict[str, str] = {k.wire: k.key for k in SAMPLING_TABLE}
+_SAMPLING_WIRE["max_completion_tokens"] = "vllm/max-tokens"
+_TOP: dict[str, dict[str, str]] = {
+    "chat": {"model": "vllm/model", "stream": "vllm/stream", "tools": "vllm/tools", "tool_choice": "vllm/tool-choice"},
+    "completion": {"model": "vllm/model", "stream": "vllm/stream", "prompt": "vllm/prompt"},
+    "embedding": {"model": "vllm/model", "input": "vllm/input"},
+}
+# Wire fields that carry nothing to send; accepted and dropped on purpose.
+_IGNORED = {"stream_options", "user"}
+_MESSAGE_FIELDS = {"role": "vllm/role", "content": "vllm/content", "name": "vllm/name",
+                   "tool_call_id": "vllm/tool-call-id", "tool_calls": "vllm/tool-calls",
+                   "reasoning_content": "vllm/reasoning-content"}
+
+
+def _problem(code: str, msg: str, where: str, field: str | None = None) -> Problem:
+    return Problem("error", code, msg, field=field, where=where)
+
+
+def _message(m: Any, i: int, where: str, problems: list[Problem]) -> Any:
+    if not isinstance(m, dict):
+        return m  # the request reader reports the type
+    out: dict[Keyword, Any] = {}
+    for k, v in m.items():
+        key = _MESSAGE_FIELDS.get(k)
+        if key is None:
+            problems.append(_problem("batch/unknown-field", f"messages[{i}] field {k!r} has no EDN equivalent",
+                                     where, field=f"body/{k}"))
+            continue
+        if k == "role" and isinstance(v, str):
+            v = kw(v)
+        elif k == "content" and isinstance(v, list):
+            v = [_part(p) for p in v]
+        elif k == "tool_calls" and isinstance(v, list):
+            v = [{kw("vllm/id"): t.get("id"), kw("vllm/type"): kw(t.get("type") or "function"),
+                  kw("vllm/name"): (t.get("function") or {}).get("name"),
+                  kw("vllm/arguments"): (t.get("function") or {}).get("arguments")} if isinstance(t, dict) else t
+                 for t in v]
+        out[kw(key)] = v
+    return out
+
+
+def _part(p: Any) -> Any:
+    if not isinstance(p, dict):
+        return p
+    t = p.get("type")
+    if t == "text":
+        return {kw("vllm/type"): kw("text"), kw("vllm/text"): p.get("text")}
+    if isinstance(t, str) and isinstance(p.get(t), dict):
+        inner = p[t]
+        out = {kw("vllm/type"): kw(t.replace("_", "-")), kw("vllm/url"): inner.get("url")}
+        if inner.get("detail") is not None:
+            out[kw("vllm/detail")] = inner["detail"]
+        return out
+    return {kw("vllm/type"): kw(str(t))}
+
+
+def body_to_edn(body: dict[str, Any], endpoint: str, where: str) -> tuple[dict[Keyword, Any], list[Problem]]:
+    """An OpenAI request body -> an EDN request map, and the fields that have no EDN meaning."""
+    problems: list[Problem] = []
+    m: dict[Keyword, Any] = {kw("vllm/endpoint"): kw(endpoint)}
+    sampling: dict[Keyword, Any] = {}
+    top = _TOP[endpoint]
+    logprobs: Any = None
+    top_logprobs: Any = None
+    for k, v in body.items():
+        if k in top:
+            m[kw(top[k])] = v
+        elif k == "messages" and endpoint == "chat":
+            m[kw("vllm/messages")] = [_message(x, i, where, problems) for i, x in enumerate(v)] \
+                if isinstance(v, list) else v
+        elif k in _IGNORED:
+            continue
+        elif endpoint == "embedding":
+            problems.append(_problem("batch/unknown-field", f"body field {k!r} has no EDN equivalent "
+                                     f"for {ENDPOINT_URLS[endpoint]}", where, field=f"body/{k}"))
+        elif k == "logprobs":
+            logprobs = v
+        elif k == "top_logprobs":
+            top_logprobs = v
+        elif k == "response_format" and isinstance(v, dict) and v.get("type") == "json_schema":
+            schema = (v.get("json_schema") or {}).get("schema")
+            sampling[kw("vllm/guided-json")] = schema
+        elif k == "structured_outputs" and isinstance(v, dict):
+            for sk, key in (("json", "vllm/guided-json"), ("regex", "vllm/guided-regex"),
+                            ("choice", "vllm/guided-choice")):
+                if sk in v:
+                    sampling[kw(key)] = v[sk]
+        elif k in _SAMPLING_WIRE:
+            sampling[kw(_SAMPLING_WIRE[k])] = v
+        else:
+            problems.append(_problem("batch/unknown-field", f"body field {k!r} has no EDN equivalent",
+                                     where, field=f"body/{k}"))
+    if logprobs is not None or top_logprobs is not None:
+        # chat: logprobs is a flag and top_logprobs the count; EDN keeps one value.
+        sampling[kw("vllm/logprobs")] = top_logprobs if top_logprobs is not None and logprobs is not False \
+            else logprobs
+    if sampling:
+        m[kw("vllm/sampling")] = sampling
+    return m, problems
+
+
+def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry:
+    where = f"{source}:{lineno}:1"
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        return BatchEntry(index, where, None, (_problem("batch/json", f"not JSON: {e}", where),))
+    if not isinstance(obj, dict):
+        return BatchEntry(index, where, None, (_problem("batch/line", "a batch line must be a JSON object", where),))
+    custom_id = obj.get("custom_id")
+    cid = custom_id if isinstance(custom_id, str) else None
+    problems: list[Problem] = []
+    for k in obj:
+        if k not in ("custom_id", "method", "url", "body"):
+            problems.append(_problem("batch/unknown-field", f"line field {k!r} is not part of a batch line",
+                                     where, field=f"batch/{k}"))
+    if cid is None:
+        problems.append(_problem("batch/custom-id", "custom_id must be a string", where, field="batch/custom_id"))
+    if obj.get("method", "POST") != "POST":
+        problems.append(_problem("batch/method", f"method must be POST, got {obj.get('method')!r}", where,
+                                 field="batch/method"))
+    url = obj.get("url")
+    endpoint = URL_ENDPOINTS.get(url) if isinstance(url, str) else None
+    if endpoint is None:
+        problems.append(_problem("batch/url", f"url {url!r} is not one of {', '.join(URL_ENDPOINTS)}", where,
+                                 field="batch/url"))
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        problems.append(_problem("batch/body", "body must be a JSON object", where, field="batch/body"))
+    if endpoint is None or not isinstance(body, dict):
+        return BatchEntry(index, where, None, tuple(problems), cid)
+    m, body_problems = body_to_edn(body, endpoint, where)
+    problems.extend(body_problems)
+    if cid is not None:
+        m[kw("vllm/request-id")] = cid
+    req, req_problems = request_from_edn(m)
+    problems.extend(attrs_where(p, where) for p in req_problems)
+    return BatchEntry(index, where, req, tuple(problems), cid)
+
+
+def attrs_where(p: Problem, where: str) -> Problem:
+    import attrs
+    return p if p.where else attrs.evolve(p, where=where)
+
+
+def iter_jsonl_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
+    """One entry per non-blank line (blank lines are skipped, as vLLM's reader does)."""
+    index = 0
+    for lineno, line in enumerate(fh, 1):
+        if not line.strip():
+            continue
+        yield line_to_entry(index, line, source, lineno)
+        index += 1
+
+
+# ------------------------------------------------------------------ output
+
+def _usage(u: Any) -> dict[str, Any] | None:
+    if u is None:
+        return None
+    out = {"prompt_tokens": u.prompt_tokens or 0, "completion_tokens": u.completion_tokens or 0,
+           "total_tokens": u.total_tokens if u.total_tokens is not None
+           else (u.prompt_tokens or 0) + (u.completion_tokens or 0)}
+    if u.cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
+    return out
+
+
+def response_body(resp: Any, endpoint: str) -> dict[str, Any]:
+    """Our normalized response as the OpenAI object the endpoint returns."""
+    if isinstance(resp, EmbeddingResponse):
+        return {"object": "list", "model": resp.model or "",
+                "data": [{"object": "embedding", "index": i, "embedding": list(e)}
+                         for i, e in enumerate(resp.embeddings)],
+                "usage": _usage(resp.usage) or {"prompt_tokens": 0, "total_tokens": 0}}
+    assert isinstance(resp, Response)
+    chat = endpoint == "chat"
+    choices = []
+    for c in resp.choices:
+        choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
+                                  "logprobs": edn_to_json(c.logprobs) if c.logprobs is not None else None}
+        if chat:
+            msg: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if c.tool_calls:
+                msg["tool_calls"] = [{"id": t.id, "type": t.type or "function",
+                                      "function": {"name": t.name, "arguments": t.arguments or ""}}
+                                     for t in c.tool_calls]
+            if c.reasoning is not None:
+                msg["reasoning_content"] = c.reasoning
+            choice["message"] = msg
+        else:
+            choice["text"] = c.text or ""
+        choices.append(choice)
+    body: dict[str, Any] = {
+        "id": resp.id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": resp.created if resp.created is not None else int(time.time()),
+        "model": resp.model or "",
+        "choices": choices,
+        "usage": _usage(resp.usage) or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+    if resp.system_fingerprint is not None:
+        body["system_fingerprint"] = resp.system_fingerprint
+    return body
+
+
+def _custom_id(entry: BatchEntry) -> str:
+    if entry.custom_id is not None:
+        return entry.custom_id
+    rid = entry.request_id
+    return str(rid) if rid is not None else f"request-{entry.index}"
+
+
+def output_line(entry: BatchEntry, result: Any = None, error: KotobaError | None = None,
+                problems: tuple[Problem, ...] | None = None) -> str:
+    """One output line: a response, a typed error, or validation problems (nothing sent)."""
+    kotoba: dict[str, Any] = {"request_index": entry.index, "where": entry.where}
+    response: dict[str, Any] | None = None
+    err: dict[str, Any] | None = None
+    if problems is not None:
+        err = {"code": "validation", "message": "; ".join(str(p) for p in problems if p.is_error)}
+        kotoba["error"] = edn_to_json({kw("vllm/error"): kw("validation"),
+                                       kw("vllm/problems"): [p.to_edn() for p in problems]})
+    elif error is not None:
+        err = {"code": error.kind, "message": error.message}
+        kotoba["error"] = edn_to_json(error.to_edn())
+        if isinstance(error, ServerError) and error.status is not None:
+            response = {"status_code": error.status, "request_id": f"batch-{uuid.uuid4().hex}", "body": None}
+    else:
+        endpoint = entry.request.endpoint if entry.request is not None else "chat"
+        response = {"status_code": 200, "request_id": f"batch-{uuid.uuid4().hex}",
+                    "body": response_body(result, endpoint)}
+        kotoba["backend"] = getattr(result, "backend", None)
+        kotoba["endpoint_url"] = getattr(result, "endpoint_url", None)
+        timings = getattr(result, "timings", None)
+        if timings is not None:
+            kotoba["timings"] = edn_to_json(to_edn(timings))
+    line = {"id": f"batch-{uuid.uuid4().hex}", "custom_id": _custom_id(entry), "response": response,
+            "error": err, "kotoba": kotoba}
+    return json.dumps(line, ensure_ascii=False, allow_nan=False, default=str)
+
+
+def line_index(line: str) -> int | None:
+    """The input position an output line answers (None when it does not say or does not parse)."""
+    try:
+        obj = json.loads(line)
+        idx = obj["kotoba"]["request_index"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return idx if isinstance(idx, int) else None

@@ -1,0 +1,223 @@
+"""The batch engine: one event loop, a semaphore for concurrency, results in input order.
+
+Every input position ends as exactly one record: the response, the typed error
+(`KotobaError.to_edn()`), or the validation problems of a request that was never sent.
+Admission rejections are recorded like any other answer and never retried.
+Stopping (`stop()`, wired to SIGINT/SIGTERM by the CLI): nothing new is sent, requests
+already in flight finish and are recorded; a second stop abandons them (they are not
+recorded, so `--resume` sends them again; the server may have seen them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any, Awaitable, Callable, Iterable
+
+import attrs
+
+from .._edn import EdnError, Keyword, kw
+from .._errors import KotobaError, ValidationError
+from .._model import to_edn
+from .._requests import request_to_edn
+from ._entries import BatchEntry
+from ._output import ExistingOutput, OrderedSink, render_edn
+
+K_INDEX = kw("vllm/request-index")
+K_RID = kw("vllm/request-id")
+
+
+@attrs.define
+class BatchSummary:
+    """Counts by outcome (`ok`, `validation`, `admission-rejected`, each error kind) and rates."""
+
+    outcomes: Counter[str] = attrs.field(factory=Counter)
+    sent: int = 0  # HTTP requests this run started
+    recorded: int = 0  # records this run produced (sent, invalid, or taken from the journal)
+    already_done: int = 0  # positions the output held before this run
+    from_journal: int = 0
+    abandoned: int = 0  # in flight at a second interrupt: not recorded
+    interrupted: bool = False
+    stopped_at: int | None = None  # first input position not taken up (None: input exhausted)
+    elapsed_s: float = 0.0
+    output: str | None = None
+    pending: str | None = None  # the journal left behind, when records wait past a gap
+    input_error: str | None = None  # the input stopped reading as a whole
+
+    @property
+    def failed(self) -> int:
+        return sum(n for k, n in self.outcomes.items() if k != "ok")
+
+    @property
+    def complete(self) -> bool:
+        return not self.interrupted and self.abandoned == 0 and self.stopped_at is None and not self.input_error
+
+    def to_edn(self) -> dict[Keyword, Any]:
+        rate = self.recorded / self.elapsed_s if self.elapsed_s > 0 else None
+        sent_rate = self.sent / self.elapsed_s if self.elapsed_s > 0 else None
+        return {kw("batch/outcomes"): {kw(k): n for k, n in sorted(self.outcomes.items())},
+                kw("batch/recorded"): self.recorded, kw("batch/sent"): self.sent,
+                kw("batch/already-done"): self.already_done, kw("batch/from-journal"): self.from_journal,
+                kw("batch/abandoned"): self.abandoned, kw("batch/interrupted?"): self.interrupted,
+                kw("batch/complete?"): self.complete, kw("batch/stopped-at"): self.stopped_at,
+                kw("batch/elapsed-s"): round(self.elapsed_s, 3),
+                kw("batch/records-per-s"): round(rate, 1) if rate is not None else None,
+                kw("batch/requests-per-s"): round(sent_rate, 1) if sent_rate is not None else None,
+                kw("batch/output"): self.output, kw("batch/pending"): self.pending,
+                kw("batch/input-error"): self.input_error}
+
+    def line(self) -> str:
+        parts = " ".join(f"{k}={n}" for k, n in sorted(self.outcomes.items())) or "nothing"
+        rate = f"{self.sent / self.elapsed_s:.1f} req/s" if self.elapsed_s > 0 and self.sent else "no requests sent"
+        extra = f", {self.already_done} already done" if self.already_done else ""
+        extra += f", {self.from_journal} from the journal" if self.from_journal else ""
+        state = "complete" if self.complete else "INTERRUPTED (run again with --resume)"
+        return (f";; batch {state}: {self.recorded} records ({parts}){extra}; {self.sent} sent in "
+                f"{self.elapsed_s:.2f} s, {rate}")
+
+
+# One request -> (response, deltas) or raises KotobaError.
+SendFn = Callable[[BatchEntry], Awaitable[tuple[Any, list[Any]]]]
+
+
+class Recorder:
+    """Turns outcomes into output text in the chosen format."""
+
+    def __init__(self, fmt: str, pretty_print: bool = False) -> None:
+        self.fmt, self.pretty = fmt, pretty_print
+
+    def _head(self, e: BatchEntry) -> dict[Keyword, Any]:
+        head: dict[Keyword, Any] = {K_INDEX: e.index}
+        if e.request_id is not None:
+            head[K_RID] = e.request_id
+        return head
+
+    def invalid(self, e: BatchEntry) -> list[str]:
+        errors = tuple(p for p in e.problems if p.is_error)
+        if self.fmt == "jsonl":
+            from ._jsonl import output_line
+            return [output_line(e, problems=errors)]
+        rec = self._head(e)
+        rec.update({kw("vllm/error"): kw("validation"), kw("vllm/where"): e.where,
+                    kw("vllm/problems"): [p.to_edn() for p in errors]})
+        return [render_edn(rec, self.pretty)]
+
+    def failed(self, e: BatchEntry, err: KotobaError) -> list[str]:
+        if self.fmt == "jsonl":
+            from ._jsonl import output_line
+            return [output_line(e, error=err)]
+        rec = self._head(e)
+        rec.update(err.to_edn())
+        if e.request is not None:
+            rec[kw("vllm/request")] = request_to_edn(e.request)
+        return [render_edn(rec, self.pretty)]
+
+    def ok(self, e: BatchEntry, resp: Any, deltas: list[Any]) -> list[str]:
+        if self.fmt == "jsonl":
+            from ._jsonl import output_line
+            return [output_line(e, result=resp)]
+        rec = self._head(e)
+        rec.update(to_edn(resp))
+        rec[K_INDEX] = e.index
+        if e.request_id is not None:
+            rec[K_RID] = e.request_id
+        return [render_edn(to_edn(d), False) for d in deltas] + [render_edn(rec, self.pretty)]
+
+
+class BatchRunner:
+    def __init__(self, send: SendFn, sink: OrderedSink, recorder: Recorder, *, concurrency: int = 8,
+                 window: int | None = None, existing: ExistingOutput | None = None,
+                 progress: Any = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.send, self.sink, self.recorder = send, sink, recorder
+        self.concurrency = concurrency
+        # Out-of-order results wait in memory; cap how far ahead of the oldest unwritten we go.
+        self.window = window or max(1024, 64 * concurrency)
+        self.existing = existing or ExistingOutput()
+        self.progress = progress
+        self.summary = BatchSummary()
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stops = 0
+
+    def stop(self) -> None:
+        """First call: send nothing new, let in-flight requests finish. Second: abandon them."""
+        self._stops += 1
+        self.summary.interrupted = True
+        self._stop.set()
+        self.sink.wake()
+        if self._stops >= 2:
+            for t in list(self._tasks):
+                t.cancel()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def _record(self, index: int, lines: list[str], outcome: str, *, journaled: bool = False) -> None:
+        self.sink.put(index, lines, journaled=journaled)
+        self.summary.outcomes[outcome] += 1
+        self.summary.recorded += 1
+        if self.progress is not None:
+            self.progress.update(1)
+
+    async def _one(self, e: BatchEntry, sem: asyncio.Semaphore) -> None:
+        try:
+            try:
+                resp, deltas = await self.send(e)
+            except KotobaError as err:
+                if isinstance(err, ValidationError):
+                    self.summary.sent -= 1  # refused by validation before any byte went out
+                self._record(e.index, self.recorder.failed(e, err), err.kind)
+            else:
+                self._record(e.index, self.recorder.ok(e, resp, deltas), "ok")
+        except asyncio.CancelledError:
+            self.summary.abandoned += 1
+            raise
+        finally:
+            sem.release()
+
+    async def run(self, entries: Iterable[BatchEntry]) -> BatchSummary:
+        started = time.perf_counter()
+        sem = asyncio.Semaphore(self.concurrency)
+        ex = self.existing
+        try:
+            for e in entries:
+                if self._stop.is_set():
+                    self.summary.stopped_at = e.index
+                    break
+                if e.index in ex.done:
+                    self.summary.already_done += 1
+                    continue  # the sink skips it
+                held = ex.journal.pop(e.index, None)
+                if held is not None:
+                    self.summary.from_journal += 1
+                    self._record(e.index, held[0], held[1], journaled=True)
+                    continue
+                if not e.sendable:
+                    self._record(e.index, self.recorder.invalid(e), "validation")
+                    continue
+                await self.sink.wait_window(e.index, self.window, self._stop)
+                if not self._stop.is_set():
+                    await sem.acquire()
+                    if self._stop.is_set():
+                        sem.release()
+                if self._stop.is_set():
+                    self.summary.stopped_at = e.index
+                    break
+                self.summary.sent += 1
+                task = asyncio.ensure_future(self._one(e, sem))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                await asyncio.sleep(0)  # let the task start before parsing the next entry
+        except EdnError as err:  # the input stopped reading as a whole (e.g. an unclosed vector)
+            self.summary.input_error = str(err)
+            self._stop.set()
+        finally:
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            self.sink.close(keep_journal=bool(ex.journal))
+            self.summary.elapsed_s = time.perf_counter() - started
+        return self.summary
