@@ -100,6 +100,8 @@ def check_sent(c: Cassette, out: Outcome) -> None:
     assert len(out.sent) == 1, f"{c.id}: {len(out.sent)} requests sent"
     if c.op == "send":
         assert sent_json(out)[0] == request_json(c), f"{c.id}: the SDK now renders a different body"
+    elif c.request_body is not None:
+        assert out.sent[0] == c.request_body
 
 
 def check_error(c: Cassette, out: Outcome, exp: dict[Keyword, Any]) -> None:
@@ -236,3 +238,35 @@ def test_stream_survives_any_chunking(c: Cassette) -> None:
     out = replay_sync(again)
     assert out.error is None and isinstance(out.result, Response)
     assert out.result.text == E(c, "expect/text") == "".join(d.delta for d in out.deltas)
+
+
+# ---------------------------------------------------------------- probe cassettes feed the capacity parsers
+
+
+GAUGES = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+          "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")}
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm", "sglang"])
+def test_probe_cassettes_give_a_measured_capacity_answer(engine: str) -> None:
+    """The recorded /slots and the derived /metrics texts, through `kotoba_vllm.capacity`: a measured,
+    enforced verdict whose numbers are the ones in the bytes (read here with json / prometheus_client)."""
+    capacity = pytest.importorskip("kotoba_vllm.capacity")
+    probes = {c.path: c for c in load_cassettes(engine) if c.op == "probe"}
+    got = {p: capacity.Fetched(p, status=probes[p].status, body=cassette_body(probes[p]), ms=1.0) if p in probes
+           else capacity.Fetched(p, status=404, body=b'{"detail":"Not Found"}', ms=1.0)
+           for p in capacity.PROBE_PATHS[engine]}
+    a = capacity.capacity_answer("http://cassette.invalid:8000", engine, got, "2026-11-30T00:00:00Z")
+    assert a.enforced and a.verdict != capacity.UNMEASURED, a.reason
+    if engine == "llamacpp":
+        slots = json.loads(cassette_body(probes["/slots"]))
+        busy = sum(1 for s in slots if s.get("is_processing"))
+        assert (a.slots.total, a.slots.busy) == (len(slots), busy)
+    else:
+        from prometheus_client.parser import text_string_to_metric_families
+        values = {s.name: s.value for f in text_string_to_metric_families(cassette_body(probes["/metrics"]).decode())
+                  for s in f.samples}
+        running, waiting, usage = (values[g] for g in GAUGES[engine])
+        assert (a.queue.running, a.queue.waiting) == (running, waiting)
+        assert a.queue.kv_cache_usage == pytest.approx(usage)
+        assert a.verdict == (capacity.ALL_SLOTS_BUSY if waiting > 0 else capacity.SLOT_AVAILABLE)

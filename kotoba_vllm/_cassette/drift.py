@@ -14,7 +14,11 @@ from typing import Any, Iterator
 
 import attrs
 
+from .._edn import kw
 from ..cassettes import Cassette, sse_payloads
+
+_K_REQUEST = kw("call/request")
+_K_ENDPOINT = kw("vllm/endpoint")
 
 _TOOL = ("tool_calls[].id", "tool_calls[].type", "tool_calls[].index", "tool_calls[].function.name",
          "tool_calls[].function.arguments")
@@ -162,9 +166,3 @@ def drift(c: Cassette) -> DriftReport | None:
         required = required + LLAMACPP_TIMINGS
     missing = tuple(p for p in required if p not in seen)
     return DriftReport(c.id, shape, top, missing)
-
-
-from .._edn import kw  # noqa: E402  (kept below the tables they do not need)
-
-_K_REQUEST = kw("call/request")
-_K_ENDPOINT = kw("vllm/endpoint")

@@ -13,6 +13,12 @@ from typing import Any
 from .._edn import Keyword, kw
 
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
+# Gauges the capacity probes read from each engine's /metrics: a re-recording without one fails.
+RELIED_METRICS = {
+    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"),
+}
 QUEUE_FULL = "queue is full"
 
 
@@ -224,8 +230,11 @@ def expect_for(op: str, endpoint: str | None, engine: str, status: int, headers:
     if op == "health":
         return {kw("expect/ok"): status == 200, kw("expect/status"): status}
     if op == "probe":
-        return {kw("expect/parse"): kw("prometheus" if path.endswith("/metrics") else "json"),
-                kw("expect/status"): status}
+        out = {kw("expect/parse"): kw("prometheus" if path.endswith("/metrics") else "json"),
+               kw("expect/status"): status}
+        if path.endswith("/metrics") and engine in RELIED_METRICS:
+            out[kw("expect/metrics")] = list(RELIED_METRICS[engine])
+        return out
     if status >= 400:
         return {kw("expect/error"): error_expect(status, obj, headers.get("retry-after"))}
     if op == "models":
