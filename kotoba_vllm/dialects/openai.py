@@ -306,6 +306,8 @@ class ChunkStream:
         self.fingerprint: str | None = None
         self.extras: dict[str, Any] = {}
         self.done = False
+        self._engine_timings = type(dialect).server_timings is not Dialect.server_timings
+        self._engine_extras = type(dialect).response_extras is not Dialect.response_extras
 
     @property
     def partial_text(self) -> str:
@@ -316,32 +318,41 @@ class ChunkStream:
             self.done = True
             return []
         try:
-            obj = json.loads(data)
+            obj = json_chunk(data)
         except ValueError:
             raise ProtocolError("malformed JSON in stream", offending=data, endpoint=self.endpoint_url,
                                 partial_text=self.partial_text) from None
         if not isinstance(obj, dict):
             raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
                                 partial_text=self.partial_text)
-        if error_object(obj) is not None and "choices" not in obj:
+        if "choices" not in obj and error_object(obj) is not None:
             raise stream_error(obj, self.endpoint_url, self.partial_text)
         return self.chunk(obj)
 
     def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
         d = self.dialect
-        self.id = self.id or _str(obj.get("id"))
-        self.model = self.model or _str(obj.get("model"))
-        self.created = self.created or _int(obj.get("created"))
-        self.fingerprint = self.fingerprint or _str(obj.get("system_fingerprint"))
+        # Per-chunk hot path: header fields are read until first seen, engine hooks only when overridden.
+        if not self.id:
+            self.id = _str(obj.get("id"))
+        if not self.model:
+            self.model = _str(obj.get("model"))
+        if not self.created:
+            self.created = _int(obj.get("created"))
+        if not self.fingerprint:
+            self.fingerprint = _str(obj.get("system_fingerprint"))
         if obj.get("usage"):
             self.usage = d.parse_usage(obj["usage"])
-        st = d.server_timings(obj)
-        if st is not None:
-            self.server = st
-        self.extras.update(d.response_extras(obj))
+        if self._engine_timings:
+            st = d.server_timings(obj)
+            if st is not None:
+                self.server = st
+        if self._engine_extras:
+            self.extras.update(d.response_extras(obj))
         out: list[StreamDelta] = []
         for c in obj.get("choices") or ():
-            idx = _int(c.get("index")) or 0
+            idx = c.get("index")
+            if type(idx) is not int:  # same as `_int(..) or 0` for JSON values, without the calls
+                idx = 0
             delta = c.get("delta")
             reasoning = None
             tool_deltas = None
@@ -353,18 +364,24 @@ class ChunkStream:
                     self._merge_tools(idx, tool_deltas)
             else:
                 text = c.get("text")
-            text = text if isinstance(text, str) else ""
+            if text.__class__ is not str:
+                text = ""
             if text:
-                self.texts.setdefault(idx, []).append(text)
-            if isinstance(reasoning, str) and reasoning:
+                parts = self.texts.get(idx)
+                if parts is None:
+                    parts = self.texts[idx] = []
+                parts.append(text)
+            if reasoning and reasoning.__class__ is str:
                 self.reasoning.setdefault(idx, []).append(reasoning)
             else:
                 reasoning = None
-            fr = _reason(c.get("finish_reason"))
+            fr = c.get("finish_reason")
+            if fr is not None:
+                fr = _reason(fr)
             if fr is not None:
                 self.finish[idx] = fr
-            else:
-                self.finish.setdefault(idx, None)
+            elif idx not in self.finish:
+                self.finish[idx] = None
             if text or fr is not None or reasoning or tool_deltas:
                 out.append(StreamDelta(delta=text, finish_reason=fr, index=idx, reasoning=reasoning,
                                        tool_calls=json_to_edn(tool_deltas) if tool_deltas else None))
@@ -412,6 +429,19 @@ def schema_json(v: Any) -> Any:
         except ValueError:
             return v
     return edn_to_json(v)
+
+
+_RAW_DECODE = json.JSONDecoder().raw_decode
+
+
+def json_chunk(data: str) -> Any:
+    """`json.loads` for one stream payload, minus its per-call layers on the common exact-fit case;
+    leading/trailing whitespace or trailing garbage falls back to `json.loads` (same answer, same errors)."""
+    try:
+        obj, end = _RAW_DECODE(data)
+    except ValueError:
+        return json.loads(data)
+    return obj if end == len(data) else json.loads(data)
 
 
 def _int(v: Any) -> int | None:
