@@ -22,6 +22,8 @@ class ServerTimings:
     predicted_n: int | None = None
     predicted_ms: float | None = None
     cached_n: int | None = None
+    # A rate the engine computed itself, when it reports no duration (SGLang `decode_throughput`).
+    predicted_per_s: float | None = None
 
 
 @attrs.frozen
@@ -62,9 +64,34 @@ def llamacpp_server_timings(t: Any) -> ServerTimings | None:
                          predicted_ms=num("predicted_ms"), cached_n=num("cache_n"))
 
 
+def sglang_server_timings(meta: Any) -> ServerTimings | None:
+    """SGLang `meta_info`: `prompt_tokens`, `completion_tokens`, `cached_tokens` always; with
+    `--enable-metrics` also `prefill_launch_latency` (s, the prefill forward of the request's batch)
+    and `decode_throughput` (tokens/s). `e2e_latency` mixes prefill into the wall clock: not a rate."""
+    if not isinstance(meta, dict):
+        return None
+
+    def num(k: str) -> Any:
+        v = meta.get(k)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    prompt, cached = num("prompt_tokens"), num("cached_tokens")
+    launch = num("prefill_launch_latency")
+    computed = prompt - cached if prompt is not None and cached is not None else prompt
+    return ServerTimings(
+        prompt_n=computed,
+        prompt_ms=launch * 1000.0 if launch is not None and launch > 0 else None,
+        predicted_n=num("completion_tokens"), cached_n=cached,
+        predicted_per_s=num("decode_throughput") if (num("decode_throughput") or 0) > 0 else None)
+
+
 def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:
     s = server or ServerTimings()
-    prompt_n = s.prompt_n if s.prompt_n is not None else (usage.prompt_tokens if usage else None)
+    # Prefill tokens are the ones the server computed: usage's prompt count includes the cached
+    # prefix (llama.cpp's `prompt_n` already excludes it).
+    prompt_n = s.prompt_n
+    if prompt_n is None and usage is not None and usage.prompt_tokens is not None:
+        prompt_n = usage.prompt_tokens - (usage.cached_tokens or 0)
     completion_n = s.predicted_n if s.predicted_n is not None else (usage.completion_tokens if usage else None)
 
     if s.prompt_ms is not None:
@@ -76,10 +103,15 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
 
     if s.predicted_ms is not None:
         decode = _fig(SERVER, s.predicted_n, s.predicted_ms, _rate(s.predicted_n, s.predicted_ms))
-    elif clock and clock.first_token is not None and clock.last_token is not None and completion_n:
-        # Decode seen from the client: first to last token, over the tokens after the first.
+    elif s.predicted_per_s is not None:
+        decode = _fig(SERVER, completion_n, rate=round(s.predicted_per_s, 3))
+    elif clock and clock.first_token is not None and clock.last_token is not None \
+            and clock.last_token > clock.first_token:  # one chunk: no span was measured, not a zero one
+        # Decode seen from the client: first to last token, over the tokens after the first
+        # (the first token's time belongs to prefill). Without a token count: the span, no rate.
         span_ms = (clock.last_token - clock.first_token) * 1000.0
-        decode = _fig(CLIENT, completion_n, span_ms, _rate(completion_n - 1, span_ms) if completion_n > 1 else None)
+        rate = _rate(completion_n - 1, span_ms) if completion_n is not None and completion_n > 1 else None
+        decode = _fig(CLIENT, completion_n, span_ms, rate)
     elif completion_n is not None:
         decode = _fig(SERVER, completion_n)
     else:

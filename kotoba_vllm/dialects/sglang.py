@@ -17,7 +17,7 @@ from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
 from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
                       TokenizeRequest, Usage)
-from .._timings import ClientClock, ServerTimings, build_timings
+from .._timings import ClientClock, ServerTimings, build_timings, sglang_server_timings
 from .openai import ChunkStream, Dialect, _int, _reason, _str, schema_json
 from ._http import HttpRequest, error_object, stream_error
 
@@ -120,11 +120,7 @@ class SglangDialect(Dialect):
         return {"sglang/meta-info": json_to_edn(meta)} if isinstance(meta, dict) else {}
 
     def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
-        meta = obj.get("meta_info")
-        if not isinstance(meta, dict):
-            return None
-        return ServerTimings(prompt_n=_int(meta.get("prompt_tokens")), predicted_n=_int(meta.get("completion_tokens")),
-                             cached_n=_int(meta.get("cached_tokens")))
+        return sglang_server_timings(obj.get("meta_info"))
 
     def native_usage(self, obj: dict[str, Any]) -> Usage | None:
         meta = obj.get("meta_info")

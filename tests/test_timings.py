@@ -1,0 +1,142 @@
+"""`:vllm/timings`: prefill and decode apart, each with its provenance; unmeasured stays nil."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from kotoba_vllm import Client
+from kotoba_vllm._model import UNAVAILABLE, Usage, to_edn
+from kotoba_vllm._timings import (ClientClock, ServerTimings, build_timings, llamacpp_server_timings,
+                                  misleading_rate, sglang_server_timings)
+from kotoba_vllm._edn import kw
+from kotoba_vllm.dialects import get_dialect
+
+
+def test_llamacpp_timings_are_server_reported_and_separate() -> None:
+    st = llamacpp_server_timings({"prompt_n": 18, "prompt_ms": 145.963, "predicted_n": 8,
+                                  "predicted_ms": 7.816, "cache_n": 17})
+    t = build_timings(st, Usage(prompt_tokens=35, completion_tokens=8), ClientClock(sent=0.0, done=0.2))
+    assert (t.prefill.provenance, t.prefill.tokens, t.prefill.ms) == ("server-reported", 18, 145.963)
+    assert t.prefill.tokens_per_s == pytest.approx(18 / 0.145963, rel=1e-3)
+    assert (t.decode.provenance, t.decode.tokens, t.decode.tokens_per_s) == ("server-reported", 8,
+                                                                             pytest.approx(8 / 0.007816, rel=1e-3))
+    assert t.cached.tokens == 17
+    assert t.end_to_end.provenance == "client-measured" and t.end_to_end.ms == pytest.approx(200.0)
+    assert t.ttft == UNAVAILABLE  # not streamed: no first token was seen
+
+
+def test_openai_usage_cached_tokens_and_computed_prompt() -> None:
+    """vLLM/OpenAI usage: prompt_tokens counts the cached prefix; prefill tokens are the computed ones."""
+    d = get_dialect("vllm")
+    usage = d.parse_usage({"prompt_tokens": 100, "completion_tokens": 5,
+                           "prompt_tokens_details": {"cached_tokens": 64}})
+    t = build_timings(None, usage, None)
+    assert t.cached.tokens == 64 and t.cached.provenance == "server-reported"
+    assert t.prefill.tokens == 36 and t.prefill.ms is None and t.prefill.tokens_per_s is None
+    assert t.decode.tokens == 5 and t.decode.tokens_per_s is None  # a count, no rate claimed
+
+
+def test_vllm_stream_decode_is_client_measured_over_n_minus_1() -> None:
+    clock = ClientClock(sent=10.0, first_token=10.5, last_token=11.5, done=11.6,
+                        token_times=(10.5, 11.0, 11.5))
+    t = build_timings(None, Usage(prompt_tokens=20, completion_tokens=11), clock)
+    assert t.decode.provenance == "client-measured"
+    assert t.decode.tokens_per_s == pytest.approx(10.0)  # 10 tokens after the first, in 1 s
+    assert t.ttft.ms == pytest.approx(500.0) and t.ttft.provenance == "client-measured"
+    assert t.inter_token.gaps_ms == (500.0, 500.0)
+    assert t.end_to_end.ms == pytest.approx(1600.0)
+
+
+def test_one_chunk_stream_has_no_decode_span_not_a_zero_one() -> None:
+    clock = ClientClock(sent=0.0, first_token=0.3, last_token=0.3, done=0.31, token_times=(0.3,))
+    t = build_timings(None, Usage(prompt_tokens=5, completion_tokens=4), clock)
+    assert t.decode.ms is None and t.decode.tokens_per_s is None and t.decode.tokens == 4
+    assert t.inter_token == UNAVAILABLE
+
+
+def test_nothing_known_is_unavailable_with_nil_numbers() -> None:
+    t = build_timings(None, None, None)
+    for f in (t.prefill, t.decode, t.cached, t.ttft, t.inter_token, t.end_to_end):
+        assert f.provenance == "unavailable"
+        assert (f.tokens, f.ms, f.tokens_per_s, f.gaps_ms) == (None, None, None, None)
+    m = to_edn(t)[kw("vllm/decode")]
+    assert m[kw("vllm/provenance")] == kw("unavailable")
+    assert all(v is None for k, v in m.items() if k != kw("vllm/provenance"))
+
+
+def test_zero_duration_is_no_rate() -> None:
+    t = build_timings(ServerTimings(prompt_n=3, prompt_ms=0.0, predicted_n=2, predicted_ms=0.0), None, None)
+    assert t.prefill.tokens_per_s is None and t.decode.tokens_per_s is None
+
+
+def test_sglang_meta_info_with_and_without_metrics() -> None:
+    plain = sglang_server_timings({"prompt_tokens": 50, "completion_tokens": 9, "cached_tokens": 40,
+                                   "e2e_latency": 1.5})
+    t = build_timings(plain, None, None)
+    # e2e_latency holds prefill inside it: never turned into a rate
+    assert t.prefill.tokens == 10 and t.prefill.tokens_per_s is None
+    assert t.decode.tokens == 9 and t.decode.tokens_per_s is None and t.cached.tokens == 40
+    rich = sglang_server_timings({"prompt_tokens": 50, "completion_tokens": 9, "cached_tokens": 40,
+                                  "prefill_launch_latency": 0.02, "decode_throughput": 120.5})
+    t = build_timings(rich, None, ClientClock(sent=0, first_token=0.1, last_token=0.2, done=0.2))
+    assert (t.prefill.provenance, t.prefill.tokens, t.prefill.ms) == ("server-reported", 10, 20.0)
+    assert t.prefill.tokens_per_s == pytest.approx(500.0)
+    assert (t.decode.provenance, t.decode.tokens_per_s) == ("server-reported", 120.5)
+
+
+def test_sglang_generate_response_carries_meta_timings() -> None:
+    from kotoba_vllm._model import GenerateRequest
+    d = get_dialect("sglang")
+    obj = {"text": "hi", "meta_info": {"prompt_tokens": 7, "completion_tokens": 2, "cached_tokens": 0,
+                                       "decode_throughput": 33.0, "finish_reason": {"type": "length"}}}
+    r = d.parse(GenerateRequest(prompt="x"), obj, "http://s/generate", ClientClock(sent=0, done=0.1))
+    assert r.timings.decode.tokens_per_s == 33.0 and r.timings.prefill.tokens == 7
+
+
+def test_misleading_rate_is_just_the_quotient() -> None:
+    assert misleading_rate(16, 13_300.0) == pytest.approx(1.203, rel=1e-3)  # the seed's 1.2 tok/s
+    assert misleading_rate(None, 100.0) is None
+
+
+def test_stream_ttft_includes_the_wait_for_headers() -> None:
+    """The clock starts before the request is sent, not when response headers arrive."""
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in (
+        {"choices": [{"index": 0, "delta": {"content": "a"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "b"}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})) + "data: [DONE]\n\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        time.sleep(0.25)  # a server that holds the headers back (queueing, prefill)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+
+    c = Client("http://bench.invalid", backend="vllm")
+    c._http = httpx.Client(transport=httpx.MockTransport(handler))
+    s = c.stream_chat("hi", max_tokens=2)
+    r = s.until_done()
+    assert r.timings.ttft.ms >= 250.0
+    assert r.timings.end_to_end.ms >= r.timings.ttft.ms
+
+
+@pytest.mark.live
+def test_live_llamacpp_stream_and_plain_timings(llama_url: str) -> None:
+    with Client(llama_url) as c:
+        s = c.stream_chat("Count slowly from one to ten.", max_tokens=8)
+        r = s.until_done()
+        t = r.timings
+        assert t.prefill.provenance == "server-reported" and t.prefill.tokens_per_s
+        assert t.decode.provenance == "server-reported" and t.decode.tokens == r.usage.completion_tokens
+        assert t.ttft.provenance == "client-measured" and t.ttft.ms > 0
+        assert t.end_to_end.ms >= t.ttft.ms
+        plain = c.chat("Say hi.", max_tokens=4)
+        assert plain.timings.decode.provenance == "server-reported"
+        assert plain.timings.ttft.provenance == "unavailable" and plain.timings.ttft.ms is None
+        # vLLM's dialect against the same server: usage only, so decode comes from the stream clock
+        v = Client(llama_url, backend="vllm")
+        vr = v.stream_chat("Count slowly from one to ten.", max_tokens=8).until_done()
+        assert vr.timings.prefill.ms is None  # no server time for prefill: no rate invented
+        assert vr.timings.decode.provenance in ("client-measured", "server-reported")
+        v.close()
