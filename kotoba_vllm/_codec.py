@@ -9,6 +9,7 @@ only when a dialect renders a request (`edn_to_json`).
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -173,7 +174,11 @@ class _Nested(Codec):
     def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, dict):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
+        before = len(ctx.problems)
         out = _structure_map(self.cls, v, ctx)
+        # a nested problem with no field of its own (a non-keyword key) is named by the enclosing key
+        ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
+                                 for p in ctx.problems[before:]]
         if out is None:
             raise _Bad("")  # problems already recorded inside
         return out
@@ -214,6 +219,8 @@ def describe(v: Any) -> str:
 
 
 def _non_json(v: Any) -> str | None:
+    if isinstance(v, float) and not math.isfinite(v) or isinstance(v, Decimal) and not v.is_finite():
+        return f"{describe(v)} (JSON has no NaN or infinity)"  # httpx would refuse it at send time
     if v is None or isinstance(v, (str, bool, int, float, Keyword, Decimal)):
         return None
     if isinstance(v, (list, tuple)):
@@ -258,7 +265,8 @@ def json_to_edn(v: Any) -> Any:
 
 
 def _plain_key(k: Any) -> bool:
-    return isinstance(k, str) and bool(k) and k.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() \
+    # ASCII only: the EDN reader (and Clojure's) takes no other letters in a keyword
+    return isinstance(k, str) and bool(k) and k.isascii() and k.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() \
         and not k[0].isdigit()
 
 

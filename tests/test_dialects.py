@@ -118,7 +118,8 @@ def test_every_example_renders_or_is_refused_with_a_named_problem() -> None:
     from pathlib import Path
 
     from kotoba_vllm._edn import read_file
-    for path in sorted(Path(__file__).resolve().parent.parent.glob("examples/*.edn")):
+    root = Path(__file__).resolve().parent.parent / "examples"
+    for path in [root / f"{n}.edn" for n in ("chat", "completion", "streaming", "structured", "tool-call")]:
         for form in read_file(str(path)):
             req, problems = request_from_edn(form.value, form)
             assert problems == [] and req is not None, (path, problems)
@@ -403,3 +404,32 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after("Mon, 30 Nov 2026 11:00:00 GMT", now) == 0.0  # past: now, never negative
     assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
     assert parse_retry_after("-3", now) is None
+
+
+# ------------------------------------------------------------------ any engine JSON -> readable EDN
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kotoba_vllm._codec import json_to_edn  # noqa: E402
+from kotoba_vllm._edn import dumps  # noqa: E402
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=15)
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_values)
+def test_any_engine_json_becomes_edn_that_reads_back(v: Any) -> None:
+    # e.g. logprobs keyed by token text ("日", " the"), extras with odd keys
+    e = json_to_edn(v)
+    assert read_one(dumps(e)) == e
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(400, 599), json_values.map(lambda v: json.dumps({"error": v}).encode()) | st.binary(max_size=64))
+def test_any_error_answer_becomes_readable_edn(status: int, raw: bytes) -> None:
+    e = classify_error(status, raw, {}, "http://h/x")
+    edn = e.to_edn()
+    assert read_one(dumps(edn)) == edn
