@@ -56,11 +56,13 @@ def decide_backend(path: str, status: int, body: Any) -> str | None:
     return None
 
 
+_SAMPLING_FIELDS = frozenset(attrs.fields_dict(Sampling))
+
+
 def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
     if not kwargs:
         return None
-    fields = attrs.fields_dict(Sampling)
-    unknown = [k for k in kwargs if k not in fields]
+    unknown = [k for k in kwargs if k not in _SAMPLING_FIELDS]
     if unknown:
         raise ValidationError([Problem("error", "sampling/unknown", f"unknown sampling argument {k!r}", field=k)
                                for k in unknown])
@@ -95,6 +97,10 @@ class Plan:
     base_url: str
 
 
+_CONNECT_EVENTS = ("connection.connect_tcp", "connection.connect_unix")
+_RESPONSE_EVENTS = ("http11.receive_response_headers.complete", "http2.receive_response_headers.complete")
+
+
 class Attempt:
     """httpx trace hook: did this attempt open a new connection, and did any response byte arrive?"""
 
@@ -105,11 +111,11 @@ class Attempt:
         self.got_response = False
 
     def __call__(self, name: str, info: Mapping[str, Any]) -> None:
-        if name.startswith("connection.connect_tcp") or name.startswith("connection.connect_unix"):
-            self.new_connection = True
-        elif name.startswith("http11.receive_response_headers.complete") or \
-                name.startswith("http2.receive_response_headers.complete"):
+        # Called ~10 times per request: one tuple-prefix test each, cheapest first.
+        if name.startswith(_RESPONSE_EVENTS):
             self.got_response = True
+        elif name.startswith(_CONNECT_EVENTS):
+            self.new_connection = True
 
 
 class AsyncAttempt(Attempt):
@@ -344,11 +350,14 @@ class BaseClient:
 
     def _chat_request(self, messages: Any, model: str | None, tools: Any, stream: bool,
                       sampling: Mapping[str, Any], extras: Mapping[str, Any] | None) -> ChatRequest:
+        # The client's default model goes in here: `_with_defaults` would rebuild the request (attrs.evolve).
+        model = model if model is not None else self.model
         return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
                            stream=stream or None, tools=tools, extras=dict(extras or {}))
 
     def _completion_request(self, prompt: str, model: str | None, stream: bool, sampling: Mapping[str, Any],
                             extras: Mapping[str, Any] | None, native: bool) -> Request:
         cls = GenerateRequest if native else CompletionRequest
+        model = model if model is not None else self.model
         return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,
                    extras=dict(extras or {}))
