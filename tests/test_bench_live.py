@@ -88,3 +88,23 @@ def test_progress_bar_on_stderr_and_plot_is_a_png(bench_run: dict[str, Any]) -> 
     assert "req" in bench_run["stderr"]  # tqdm's bar
     data = bench_run["png"].read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_pool_run_is_reported_per_answering_member(llama_url: str, second_server: str, tmp_path: Path) -> None:
+    pool = tmp_path / "pool.edn"
+    pool.write_text(f'{{:pool/members ["{llama_url}" "{second_server}"] :pool/backend :llamacpp}}')
+    edn = tmp_path / "pool-bench.edn"
+    p = subprocess.run([sys.executable, "-m", "kotoba_vllm", "bench", "--pool", str(pool), "--requests", "3",
+                        "--max-tokens", "8", "--output", str(edn), "-q"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = read_one(edn.read_text())
+    members = {llama_url.rstrip("/"), second_server.rstrip("/")}
+    assert K(report, "bench/endpoints-differed?") is True  # a pool target is answered by its members
+    assert "ANSWERING ENDPOINTS DIFFERED" in p.stdout
+    rs = K(report, "bench/results")
+    assert rs and {K(r, "bench/endpoint") for r in rs} <= members
+    assert sum(K(r, "bench/ok") for r in rs) == 3
+    for r in rs:
+        assert K(r, "bench/target") == f"pool {pool}"
+        assert K(r, "bench/server-metrics", "vllm/provenance") == kw("server-reported")

@@ -70,7 +70,7 @@ def with_nonce(req: BenchRequest, nonce: str) -> BenchRequest:
     return req
 
 
-def prepared(req: BenchRequest, *, base_url: str, max_tokens: int | None, model: str | None,
+def prepared(req: BenchRequest, *, base_url: str | None, max_tokens: int | None, model: str | None,
              nonce: str | None) -> BenchRequest:
     """The request as bench sends it: streamed, to one target, with --max-tokens unless the
     request sets its own."""

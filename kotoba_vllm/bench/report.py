@@ -68,7 +68,10 @@ def to_edn(report: BenchReport) -> dict[Any, Any]:
     c = report.config
     return _k({
         "bench/started-at": report.started_at,
-        "bench/config": _k({"bench/base-urls": list(c.base_urls), "vllm/backend": kw(c.backend),
+        "bench/config": _k({"bench/base-urls": list(c.base_urls),
+                            "bench/pools": [_k({"bench/label": p.label, "pool/members": list(p.members)})
+                                            for p in c.pools],
+                            "vllm/backend": kw(c.backend),
                             "bench/concurrency": list(c.concurrency), "bench/requests": c.requests,
                             "vllm/max-tokens": c.max_tokens, "bench/prompts": len(c.prompts),
                             "bench/bust-cache?": c.bust_cache, "vllm/stream": True}),
@@ -102,9 +105,15 @@ def _agree(ours: float | None, theirs: float | None) -> str:
 def render_table(report: BenchReport) -> str:
     lines: list[str] = []
     if report.differing:
-        lines.append("!! ANSWERING ENDPOINTS DIFFERED FROM THE TARGETS:")
+        lines.append("!! ANSWERING ENDPOINTS DIFFERED FROM THE TARGETS (rows below are per answering endpoint):")
+        pools = {p.label for p in report.config.pools}
         for t, eps in report.differing.items():
-            lines.append(f"!!   target {t} was answered by {', '.join(eps)}")
+            why = "  (a pool: its members answer)" if t in pools else ""
+            lines.append(f"!!   target {t} was answered by {', '.join(eps)}{why}")
+        for p in report.config.pools:
+            idle = [m for m in p.members if m not in report.differing.get(p.label, ())]
+            if idle:
+                lines.append(f"!!   pool members that answered nothing: {', '.join(idle)}")
         lines.append("")
     lines.append("Per endpoint; never summed across endpoints. Percentiles are p50 / p90 / p99.")
     for s in report.summaries:

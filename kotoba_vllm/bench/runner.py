@@ -25,6 +25,17 @@ from .stats import Sample, Summary, differing_endpoints, sample_from_error, samp
 
 
 @attrs.frozen
+class PoolTarget:
+    """A pool measured as one target: each request goes to the member the pool admits it to,
+    and every row of the report is one member (the answering endpoints differ by design)."""
+
+    label: str
+    members: tuple[str, ...]
+    backend: str = "auto"
+    probe_timeout_s: float | None = None
+
+
+@attrs.frozen
 class BenchConfig:
     base_urls: tuple[str, ...]
     prompts: tuple[BenchRequest, ...]
@@ -37,6 +48,11 @@ class BenchConfig:
     warmup: int = 1
     bust_cache: bool = True
     read_metrics: bool = True
+    pools: tuple[PoolTarget, ...] = ()
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.base_urls + tuple(p.label for p in self.pools)
 
 
 @attrs.frozen
@@ -45,7 +61,8 @@ class BenchReport:
     started_at: str
     samples: tuple[Sample, ...]
     summaries: tuple[Summary, ...]
-    server: dict[tuple[str, int], ServerRates]
+    # (target, server, concurrency) -> that server's own counters over that target's run
+    server: dict[tuple[str, str, int], ServerRates]
     differing: dict[str, list[str]]
 
 
@@ -59,15 +76,22 @@ async def _read_metrics(http: httpx.AsyncClient, base: str) -> dict[str, float] 
         return None
 
 
-async def _one(client: AsyncClient, req: BenchRequest, target: str, conc: int) -> Sample:
+async def _one(sender: Any, req: BenchRequest, target: str, conc: int) -> Sample:
+    """One streamed request. TTFT and end-to-end are taken on bench's own clock from before the
+    call, so a pool's admission probe counts (it is latency the caller sees)."""
     started = time.perf_counter()
+    first: float | None = None
     try:
-        stream = await client.stream(req)
-        async for _ in stream:
-            pass
+        stream = await sender.stream(req)
+        async for d in stream:
+            if first is None and (d.delta or d.reasoning):
+                first = time.perf_counter()
         resp = stream.response
         assert resp is not None
-        return sample_from_response(target, conc, started, time.perf_counter(), resp)
+        done = time.perf_counter()
+        s = sample_from_response(target, conc, started, done, resp)
+        return attrs.evolve(s, ttft_ms=None if first is None else round((first - started) * 1000.0, 3),
+                            e2e_ms=round((done - started) * 1000.0, 3))
     except (KotobaError, httpx.HTTPError, asyncio.TimeoutError) as e:
         return sample_from_error(target, conc, started, time.perf_counter(), e)
 
@@ -90,47 +114,56 @@ def _tokenize(base: str, text: str) -> Any:
 
 
 async def run_async(config: BenchConfig, *, progress: bool = True) -> BenchReport:
+    from ..pool import AsyncPool
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     samples: list[Sample] = []
-    server: dict[tuple[str, int], ServerRates] = {}
-    total = len(config.concurrency) * len(config.base_urls) * config.requests
+    server: dict[tuple[str, str, int], ServerRates] = {}
+    total = len(config.concurrency) * len(config.targets) * config.requests
     run_id = uuid.uuid4().hex[:8]
-    async with AsyncClient(config.base_urls[0], backend=config.backend, timeout=config.timeout_s) as client, \
-            httpx.AsyncClient() as http:
-        for target in config.base_urls:  # warm up: load, detect the engine; not measured
-            for i in range(config.warmup):
-                await _one(client, prepared(config.prompts[i % len(config.prompts)], base_url=target,
-                                            max_tokens=config.max_tokens, model=config.model,
-                                            nonce=f"warm {run_id} {i}"), target, 0)
-        bar = tqdm(total=total, file=sys.stderr, disable=not progress, unit="req", dynamic_ncols=True)
-        try:
-            for conc in config.concurrency:
-                for target in config.base_urls:
-                    bar.set_description(f"{target} c={conc}")
-                    before = await _read_metrics(http, target) if config.read_metrics else None
-                    sem = asyncio.Semaphore(conc)
+    first = config.base_urls[0] if config.base_urls else config.pools[0].members[0]
+    pools = {p.label: AsyncPool(p.members, backend=p.backend, timeout=config.timeout_s,
+                                probe_timeout=p.probe_timeout_s, model=config.model) for p in config.pools}
+    members = {p.label: p.members for p in config.pools}
+    try:
+        async with AsyncClient(first, backend=config.backend, timeout=config.timeout_s) as client, \
+                httpx.AsyncClient() as http:
 
-                    async def go(i: int, target: str = target, conc: int = conc) -> Sample:
-                        req = prepared(config.prompts[i % len(config.prompts)], base_url=target,
-                                       max_tokens=config.max_tokens, model=config.model,
-                                       nonce=f"{run_id} {conc} {i}" if config.bust_cache else None)
-                        async with sem:
-                            s = await _one(client, req, target, conc)
-                        bar.update(1)
-                        return s
+            def request(target: str, i: int, nonce: str | None) -> BenchRequest:
+                return prepared(config.prompts[i % len(config.prompts)],
+                                base_url=None if target in pools else target, max_tokens=config.max_tokens,
+                                model=config.model, nonce=nonce)
 
-                    got = await asyncio.gather(*(go(i) for i in range(config.requests)))
-                    samples.extend(got)
-                    after = await _read_metrics(http, target) if config.read_metrics else None
-                    server[(target, conc)] = server_rates(before, after) if config.read_metrics \
-                        else unavailable("not read (--no-metrics)")
-        finally:
-            bar.close()
-    summaries = []
-    for s in summarize(samples):
-        rates = server.get((s.target, s.concurrency))
-        # The counters are the target's: they describe this row only when the target answered.
-        summaries.append(attrs.evolve(s, server=rates if s.endpoint == s.target.rstrip("/") else None))
+            for target in config.targets:  # warm up: load, detect the engine; not measured
+                for i in range(config.warmup):
+                    await _one(pools.get(target, client), request(target, i, f"warm {run_id} {i}"), target, 0)
+            bar = tqdm(total=total, file=sys.stderr, disable=not progress, unit="req", dynamic_ncols=True)
+            try:
+                for conc in config.concurrency:
+                    for target in config.targets:
+                        bar.set_description(f"{target} c={conc}")
+                        servers = members.get(target, (target,))
+                        before = {u: await _read_metrics(http, u) for u in servers} if config.read_metrics else {}
+                        sem = asyncio.Semaphore(conc)
+                        sender = pools.get(target, client)
+
+                        async def go(i: int, target: str = target, conc: int = conc, sender: Any = sender) -> Sample:
+                            req = request(target, i, f"{run_id} {conc} {i}" if config.bust_cache else None)
+                            async with sem:
+                                s = await _one(sender, req, target, conc)
+                            bar.update(1)
+                            return s
+
+                        samples.extend(await asyncio.gather(*(go(i) for i in range(config.requests))))
+                        for u in servers:
+                            server[(target, u, conc)] = server_rates(before[u], await _read_metrics(http, u)) \
+                                if config.read_metrics else unavailable("not read (--no-metrics)")
+            finally:
+                bar.close()
+    finally:
+        for p in pools.values():
+            await p.aclose()
+    # The counters describe a row only when that row's endpoint is the server they were read from.
+    summaries = [attrs.evolve(s, server=server.get((s.target, s.endpoint, s.concurrency))) for s in summarize(samples)]
     return BenchReport(config=config, started_at=started_at, samples=tuple(samples), summaries=tuple(summaries),
                        server=server, differing=differing_endpoints(samples))
 

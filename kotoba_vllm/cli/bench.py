@@ -8,8 +8,9 @@ import sys
 from .._edn import EdnError, pretty
 from ..bench.prompts import PromptError, chat, load_prompts
 from ..bench.report import plot, render_table, to_edn
-from ..bench.runner import BenchConfig, build_prompts, run as run_bench
+from ..bench.runner import BenchConfig, PoolTarget, build_prompts, run as run_bench
 from ..dialects import DIALECTS
+from ..pool import load_pool_config
 
 HELP = ("Benchmark one or more endpoints (streamed): TTFT, prefill and decode rates apart, inter-token and "
         "end-to-end latency per endpoint, checked against the server's own /metrics.")
@@ -28,8 +29,11 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", action="append", required=True, metavar="URL",
+    p.add_argument("--base-url", action="append", metavar="URL",
                    help="an endpoint to measure; repeat for several (each is measured and reported on its own)")
+    p.add_argument("--pool", action="append", metavar="FILE.edn",
+                   help="a pool file ({:pool/members [...]}): requests go through the pool's admission; "
+                        "rows are per answering member")
     p.add_argument("--backend", "-b", choices=["auto", *sorted(DIALECTS)], default="auto")
     p.add_argument("--prompts", metavar="FILE.edn", help="EDN file of strings and/or :vllm/* request maps")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="a user message (repeatable)")
@@ -55,7 +59,21 @@ def run(args: argparse.Namespace) -> int:
     if args.requests < 1:
         print("error: --requests must be >= 1", file=sys.stderr)
         return 2
-    targets = tuple(dict.fromkeys(u.rstrip("/") for u in args.base_url))
+    targets = tuple(dict.fromkeys(u.rstrip("/") for u in args.base_url or ()))
+    pools = []
+    for path in args.pool or ():
+        try:
+            pc = load_pool_config(path)
+        except (EdnError, OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        pools.append(PoolTarget(label=f"pool {path}", members=pc.members,
+                                backend=args.backend if args.backend != "auto" else pc.backend,
+                                probe_timeout_s=pc.probe_timeout_s))
+    if not targets and not pools:
+        print("error: give at least one --base-url or --pool", file=sys.stderr)
+        return 2
+    first = targets[0] if targets else pools[0].members[0]
     try:
         prompts = load_prompts(args.prompts) if args.prompts else []
     except (EdnError, OSError, PromptError) as e:
@@ -65,14 +83,14 @@ def run(args: argparse.Namespace) -> int:
     if not prompts and not args.long_prompt_tokens:
         prompts = [chat(DEFAULT_PROMPT)]
     try:
-        prompts = build_prompts(prompts, args.long_prompt_tokens, targets[0], args.backend)
+        prompts = build_prompts(prompts, args.long_prompt_tokens, first, args.backend)
     except Exception as e:  # noqa: BLE001 - the long prompt could not be sized: say so, do not guess
-        print(f"error: could not build the long prompt against {targets[0]}: {e}", file=sys.stderr)
+        print(f"error: could not build the long prompt against {first}: {e}", file=sys.stderr)
         return 1
     config = BenchConfig(base_urls=targets, prompts=tuple(prompts), backend=args.backend,
                          concurrency=args.concurrency, requests=args.requests, max_tokens=args.max_tokens,
                          model=args.model, timeout_s=args.timeout, warmup=args.warmup,
-                         bust_cache=not args.reuse_cache, read_metrics=not args.no_metrics)
+                         bust_cache=not args.reuse_cache, read_metrics=not args.no_metrics, pools=tuple(pools))
     report = run_bench(config, progress=not args.quiet)
     sys.stdout.write(render_table(report))
     edn = pretty(to_edn(report))
