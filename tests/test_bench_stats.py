@@ -89,6 +89,15 @@ def test_pooled_rate_is_sum_over_sum_not_mean_of_rates() -> None:
     assert s.decode_rate.p50 == 50.0  # (10 + 90) / 2: the per-request distribution, separately
 
 
+def test_client_measured_pooled_decode_counts_tokens_after_the_first() -> None:
+    """vLLM: decode seen from the stream spans first to last token, i.e. n - 1 tokens."""
+    t = Timings(decode=Figure(provenance=C, tokens=11, ms=1000.0, tokens_per_s=10.0))
+    s1 = sample_from_response(A, 1, 0.0, 1.0, Response(usage=Usage(completion_tokens=11), endpoint_url=A, timings=t))
+    [s] = summarize([s1])
+    assert s.decode.tokens == 10 and s.decode.tokens_per_s == 10.0 == s.decode_rate.p50
+    assert s.decode.provenance == C
+
+
 def test_differing_endpoint_flag() -> None:
     same = [sample(A), sample(B)]
     assert differing_endpoints(same) == {}

@@ -78,6 +78,11 @@ def sample_from_response(target: str, concurrency: int, started: float, finished
     completion = usage.completion_tokens if usage and usage.completion_tokens is not None else (
         dec.tokens if dec else None)
     gaps = tuple(t.inter_token.gaps_ms or ()) if t else ()
+    # Tokens over the decode span: a client-measured span runs from the first token to the last,
+    # so it covers n - 1 tokens (the same count its rate uses); a server's own figure stands as is.
+    dec_tokens = dec.tokens if dec else None
+    if dec is not None and dec.provenance == "client-measured" and dec_tokens is not None:
+        dec_tokens = dec_tokens - 1 if dec_tokens > 1 else None
     return Sample(
         target=target, concurrency=concurrency, started=started, finished=finished,
         answered_by=answered_by(target, resp.endpoint_url),
@@ -86,7 +91,7 @@ def sample_from_response(target: str, concurrency: int, started: float, finished
         prefill_tokens=pre.tokens if pre else None, prefill_ms=pre.ms if pre else None,
         prefill_rate=pre.tokens_per_s if pre else None,
         prefill_provenance=pre.provenance if pre and pre.ms is not None else UNAVAILABLE,
-        decode_tokens=dec.tokens if dec else None, decode_ms=dec.ms if dec else None,
+        decode_tokens=dec_tokens, decode_ms=dec.ms if dec else None,
         decode_rate=dec.tokens_per_s if dec else None,
         decode_provenance=dec.provenance if dec and dec.tokens_per_s is not None else UNAVAILABLE,
         client_decode_rate=_client_decode(completion, gaps),
