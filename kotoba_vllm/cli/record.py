@@ -11,8 +11,9 @@ HELP = "record contract-test cassettes from a live server (one EDN file per exch
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="the live server, e.g. http://127.0.0.1:8080")
-    p.add_argument("--engine", required=True, choices=["llamacpp"],
-                   help="which exchange set to send (only llama.cpp runs on CPU here; vLLM/SGLang sets are derived)")
+    p.add_argument("--engine", required=True, choices=["llamacpp", "vllm", "sglang"],
+                   help="which exchange set to send (llama.cpp is recorded here; vLLM/SGLang need --model and a GPU)")
+    p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
     p.add_argument("--set", default="default", choices=["default"], help="the exchange set")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
@@ -21,13 +22,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._cassette.recorder import llamacpp_exchanges, record
+    from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record
     from ..cassettes import write_cassette
     build = args.build
-    if build is None:
+    if build is None and args.engine == "llamacpp":
         from ..local import build_string
-        build = build_string()
-    exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
+        build = build_string()  # a non-git build reports b0-unknown: name the package that built it
+    if args.engine == "llamacpp":
+        exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
+    elif args.model:
+        exchanges = engine_exchanges(args.engine, args.model)
+    else:
+        print(f"error: --engine {args.engine} needs --model (the served model name)", file=sys.stderr)
+        return 2
     try:
         cassettes = record(args.base_url, args.engine, exchanges, build=build, source=args.source,
                            log=lambda s: print(s, file=sys.stderr))
