@@ -50,7 +50,8 @@ SGL_PROV = {
         "(ErrorResponse{object:error,message,type,param,code}, UsageInfo with reasoning_tokens, ChatMessage."
         "reasoning_content, matched_stop, ModelCard owned_by sglang), serving_base.py, tokenizer_manager meta_info "
         "(id, finish_reason {type,..}, prompt_tokens, weight_version, total_retractions, completion_tokens, "
-        "cached_tokens), metrics collector (sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage); "
+        "cached_tokens), scheduler _abort_on_queued_limit (finish_reason abort, status_code 503, 'The request queue "
+        "is full.'), metrics collector (sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage); "
         "/generate streams cumulative text by default (DESIGN §7)"),
 }
 ROUTER_PROV = {
@@ -400,13 +401,16 @@ def sglang() -> list[Cassette]:
                                      "completion. Please reduce the number of tokens in the input messages or the "
                                      "completion to fit within the limit.", "type": "BadRequestError",
                                      "param": None, "code": 400})))
-    queue_full = {"object": "error", "message": "The request queue is full.", "type": "Service Unavailable",
+    # The scheduler aborts with finish_reason {"type": "abort", "status_code": 503, "message": ...}; the OpenAI
+    # layer turns that into ErrorResponse with the status name as its type: the body of a 503, and inside a
+    # stream (HTTP 200) the same object wrapped by create_streaming_error_response as {"error": {...}}.
+    queue_full = {"object": "error", "message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE",
                   "param": None, "code": 503}
     out.append(make(E, E, P, Exchange("queue-full", "send", chat("hi", model=M, sampling=SAMPLING)),
                     503, JSON_CT, j(queue_full)))
     out.append(make(E, E, P, Exchange("queue-full-stream", "send", chat("hi", model=M, sampling=SAMPLING,
                                                                          stream=True)),
-                    200, SSE, chunks=sse(queue_full)))
+                    200, SSE, chunks=sse({"error": queue_full})))
     out.append(make(E, E, P, Exchange("generate-queue-full-stream", "send", {**gen, kw("vllm/stream"): True}), 200,
                     SSE, chunks=sse({"error": {"message": "The request queue is full.", "code": 503}},
                                     done=False)))
