@@ -213,3 +213,18 @@ def test_plot_writes_a_png(tmp_path) -> None:
     plot(rep, str(out))
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_server_cross_check_is_shown_with_its_ratio_and_a_disagreement_is_flagged() -> None:
+    import attrs
+    from kotoba_vllm.bench.metrics import Rate, ServerRates
+    rep = report([sample(A, prefill=(100, 50.0), decode=(20, 400.0))])
+    agree = ServerRates("llamacpp", Rate(100, 0.05, 2000.0), Rate(20, 0.4, 50.0))
+    rows = tuple(attrs.evolve(s, server=agree) for s in rep.summaries)
+    table = render_table(attrs.evolve(rep, summaries=rows))
+    assert "server /metrics 2000.0 tok/s  (bench/server 1.000)" in table and "DISAGREE" not in table
+    off = ServerRates("llamacpp", Rate(100, 0.025, 4000.0), Rate(20, 0.4, 50.0))
+    rep2 = attrs.evolve(rep, summaries=tuple(attrs.evolve(s, server=off) for s in rep.summaries))
+    assert "(bench/server 0.500)  DISAGREE" in render_table(rep2)
+    ratio = to_edn(rep2)[kw("bench/results")][0][kw("bench/server-metrics")][kw("bench/bench-over-server")]
+    assert ratio[kw("bench/prefill")] == 0.5 and ratio[kw("bench/decode")] == 1.0
