@@ -194,6 +194,8 @@ def plot(report: BenchReport, path: str) -> None:
                 ax.text(0.5, 0.9 - 0.1 * i, f"{lab.splitlines()[0]}: unavailable", transform=ax.transAxes,
                         ha="center")
         ax.set_title(title + " per endpoint")
+        if title.startswith("inter-token"):  # gaps span bunched chunks (~0) to stalls (s): linear near 0
+            ax.set_yscale("symlog", linthresh=1.0)
         ax.tick_params(axis="x", labelsize=7)
     ax = axes.flat[3]
     names = ("decode", "prefill", "misleading\ncompl/wall")
