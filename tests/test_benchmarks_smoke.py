@@ -1,0 +1,58 @@
+"""The benchmark harness runs end to end (tiny counts) so it cannot rot. No timing is asserted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kotoba_vllm._edn import kw, read_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def canned():
+    sys.path.insert(0, BENCH)
+    try:
+        from canned_server import CannedServer
+        with CannedServer(chunks=20) as srv:
+            yield srv
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_canned_server_answers_chat_and_streams_through_the_client(canned) -> None:
+    from kotoba_vllm import Client
+
+    with Client(canned.base_url, backend="openai", model="canned") as c:
+        r = c.chat("hi", max_tokens=4)
+        assert r.text == "Hello there, friend." and r.usage.total_tokens == 13
+        assert r.endpoint_url == canned.base_url + "/v1/chat/completions"
+        with c.stream_chat("hi", max_tokens=30) as s:
+            deltas = [d.delta for d in s if d.delta]
+        assert len(deltas) == 30 and s.response is not None
+        assert s.response.text == "".join(deltas) and s.response.usage.completion_tokens == 30
+        assert c.health().ok
+
+
+def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--no-llama", "--out",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for scenario in ("a. latency", "b. client CPU per request", "c. client CPU per streamed chunk",
+                     "d. async, concurrency 128", "d. heap per open stream", "e. read EDN file",
+                     "e. render one response", "f. batch run"):
+        assert scenario in r.stdout, scenario
+    assert "nproc=" in r.stdout and "x  " in r.stdout  # machine size and ratio columns
+    [path] = list(tmp_path.iterdir())
+    [form] = read_file(str(path))
+    result = form.value
+    assert result[kw("bench/machine")][kw("bench/nproc")] == os.cpu_count()
+    rows = result[kw("bench/rows")]
+    batch = [x for x in rows if x[kw("bench/scenario")].startswith("f. batch run")][0]
+    assert batch[kw("bench/note")].count("rc 0/0") == 1  # both batch runs answered every request
+    assert all(kw("bench/ratios") in x for x in rows)
