@@ -23,6 +23,11 @@ __all__ = [
     "pretty", "read_all", "read_file", "read_forms", "read_one",
 ]
 
+# edn_format hashes a Keyword by building an ImmutableDict of its __dict__ on every call
+# (~1.8 us); keyword-keyed dict lookups made that a third of reading a request file.
+# Equal keywords have equal names, so hashing the name keeps hash/eq consistent.
+Keyword.__hash__ = lambda self: hash(self._name)  # type: ignore[method-assign]
+
 _KW_CACHE: dict[str, Keyword] = {}
 
 
