@@ -17,7 +17,7 @@ import httpx
 from ._codec import StructureError
 from ._edn import Keyword
 from ._errors import (KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError, Unreachable,
-                      ValidationError)
+                      ValidationError, register_secret)
 from ._model import (BACKENDS, ChatRequest, CompletionRequest, GenerateRequest, Message, Request, Sampling,
                      StreamDelta)
 from ._problems import Problem
@@ -176,6 +176,9 @@ class StreamRun:
                                self.decoder.partial_text)
         try:
             deltas = self.decoder.feed(data)
+        except KotobaError as e:
+            e.endpoint = e.endpoint or self.plan.url  # a decoder may not know which server answered
+            raise
         except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
             raise ProtocolError(f"unexpected stream chunk shape: {e}", offending=data, endpoint=self.plan.url,
                                 partial_text=self.decoder.partial_text) from None
@@ -275,6 +278,7 @@ class BaseClient:
         self._backend = backend
         self._detected: dict[str, str] = {}
         self.__api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        register_secret(self.__api_key)  # a server quoting our Authorization header back never shows it
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else (
             DEFAULT_TIMEOUT if timeout is None else httpx.Timeout(timeout))
         self.model = model
@@ -339,6 +343,9 @@ class BaseClient:
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
             return plan.dialect.parse(plan.request, obj, plan.url, clock)
+        except KotobaError as e:
+            e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
+            raise
         except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
             raise ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
                                 endpoint=plan.url) from None

@@ -24,12 +24,31 @@ from ._edn import Keyword, kw
 from ._problems import Problem
 
 _MAX_RAW = 4096
+REDACTED = "<redacted>"
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Never show `value` in an error: a client registers its API key, because a careless
+    server or proxy may quote the Authorization header back in its error body."""
+    if value and len(value) >= 8:
+        _SECRETS.add(value)
+
+
+def redact(text: str | None) -> str | None:
+    if text is None or not _SECRETS:
+        return text
+    for secret in _SECRETS:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 def _clip(raw: bytes | str | None) -> str | None:
     if raw is None:
         return None
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = redact(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
+    assert text is not None
     return text if len(text) <= _MAX_RAW else text[:_MAX_RAW] + f"...[{len(text) - _MAX_RAW} more chars]"
 
 
@@ -39,6 +58,7 @@ class KotobaError(Exception):
     kind = "error"
 
     def __init__(self, message: str, *, endpoint: str | None = None) -> None:
+        message = redact(message) or ""
         super().__init__(message)
         self.message = message
         self.endpoint = endpoint
@@ -52,11 +72,23 @@ class KotobaError(Exception):
             out[kw("vllm/endpoint-url")] = self.endpoint
         for k, v in self._fields().items():
             if v is not None:
-                out[kw(k)] = v
+                out[kw(k)] = _redact_edn(v)
         return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, endpoint={self.endpoint!r})"
+
+
+def _redact_edn(v: Any) -> Any:
+    if not _SECRETS:
+        return v
+    if isinstance(v, str):
+        return redact(v)
+    if isinstance(v, dict):
+        return {k: _redact_edn(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_redact_edn(x) for x in v]
+    return v
 
 
 class ValidationError(KotobaError):
@@ -129,9 +161,9 @@ class AdmissionRejected(ServerError):
     def __init__(self, message: str, *, reason: str, retry_after_s: float | None = None,
                  status: int | None = 429, endpoint: str | None = None, raw_body: bytes | str | None = None,
                  error_type: str | None = None, sent: bool = True, partial_text: str | None = None,
-                 capacity: Any = None) -> None:
+                 capacity: Any = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message, status=status, endpoint=endpoint, raw_body=raw_body, error_type=error_type,
-                         partial_text=partial_text)
+                         partial_text=partial_text, details=details)
         self.reason, self.retry_after_s, self.sent, self.capacity = reason, retry_after_s, sent, capacity
 
     def _fields(self) -> dict[str, Any]:

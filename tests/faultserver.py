@@ -4,7 +4,8 @@ An asyncio server runs in a background thread. For every request it reads, it as
 test's `script(seen) -> Steps` what to do; the steps are plain data executed in order:
 
     bytes          write them (headers, body, SSE chunks)
-    Sleep(s)       wait (slow headers / slow body; the client's timeout should fire first)
+    Sleep(s)       wait (slow headers / slow body; the client's timeout should fire first);
+                   cut short when the client hangs up, so no server socket outlives its client
     RESET          abort with SO_LINGER 0: the peer sees a TCP RST
     CLOSE          half-close cleanly (FIN) without finishing
     (end of list)  the response is complete; keep the connection for the next request
@@ -151,8 +152,10 @@ def ok(seen: Seen) -> list[Step]:
 class FaultServer:
     """`with FaultServer(script) as srv: Client(srv.base_url, backend="vllm")...`"""
 
-    def __init__(self, script: Callable[[Seen], Steps] = ok) -> None:
+    def __init__(self, script: Callable[[Seen], Steps] = ok, *, keep_seen: bool = True) -> None:
         self.script = script
+        self.keep_seen = keep_seen  # off for 10,000-stream runs: the record itself would look like a leak
+        self.count = 0
         self.seen: list[Seen] = []
         self.connections = 0
         self._lock = threading.Lock()
@@ -200,10 +203,24 @@ class FaultServer:
         with self._lock:
             self.seen.clear()
             self.connections = 0
+            self.count = 0
 
     @property
     def requests(self) -> int:
-        return len(self.seen)
+        return self.count
+
+    @property
+    def active(self) -> int:
+        """Connections the server still holds open."""
+        return len(self._tasks)
+
+    def wait_idle(self, limit_s: float = 10.0) -> int:
+        """Wait (bounded) until every connection is closed; the number still open."""
+        import time
+        end = time.monotonic() + limit_s
+        while self._tasks and time.monotonic() < end:
+            time.sleep(0.01)
+        return len(self._tasks)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -219,8 +236,10 @@ class FaultServer:
                 if seen is None:
                     break
                 with self._lock:
-                    self.seen.append(seen)
-                if not await self._execute(self.script(seen), writer):
+                    self.count += 1
+                    if self.keep_seen:
+                        self.seen.append(seen)
+                if not await self._execute(self.script(seen), reader, writer):
                     return
                 index += 1
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -232,14 +251,20 @@ class FaultServer:
             if not writer.transport.is_closing():
                 writer.transport.abort()
 
-    async def _execute(self, steps: Steps, writer: asyncio.StreamWriter) -> bool:
+    async def _execute(self, steps: Steps, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Run the steps; False when the connection is gone."""
         for step in steps:
             if isinstance(step, bytes):
                 writer.write(step)
                 await writer.drain()
             elif isinstance(step, Sleep):
-                await asyncio.sleep(step.seconds)
+                # the client sends nothing while it waits for an answer: any read result means it hung up
+                hangup = asyncio.ensure_future(reader.read(1))
+                done, _ = await asyncio.wait([hangup], timeout=step.seconds)
+                if done:
+                    hangup.exception()  # retrieved: a reset here is the expected hang-up
+                    return False
+                hangup.cancel()
             elif step is RESET:
                 sock = writer.get_extra_info("socket")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
