@@ -186,3 +186,33 @@ def test_cli_unreachable_server_every_record_typed_and_summary_written(
     assert "batch complete: 12 records" in err
     summary = read_all(summary_path.read_text())[0]
     assert summary[kw("batch/outcomes")] == {kw("unreachable"): 11, kw("validation"): 1}
+
+
+def test_cli_several_base_urls_go_through_the_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = request_file(tmp_path, 3)
+    code = main(["run", path, "--base-url", "http://127.0.0.1:9", "--base-url", "http://127.0.0.1:10",
+                 "-b", "llamacpp", "--no-progress", "--timeout", "5"])
+    out, _ = capsys.readouterr()
+    records = read_all(out)
+    assert code == 1 and [r[K_INDEX] for r in records] == [0, 1, 2]
+    # neither member could be measured: the pool admits to the first, which is down
+    assert all(r[K_ERROR] == kw("unreachable") and "127.0.0.1:9/" in r[kw("vllm/endpoint-url")] for r in records)
+
+
+def test_stream_deltas_are_written_just_before_their_result(tmp_path: Path) -> None:
+    from kotoba_vllm._model import StreamDelta
+
+    path = request_file(tmp_path, 6)
+
+    async def send(e: BatchEntry) -> tuple[Any, list[Any]]:
+        await asyncio.sleep(random.random() * 0.003)
+        deltas = [StreamDelta(delta=f"d{e.index}-{k}") for k in range(2)]
+        return Response(text=f"a{e.index}", choices=(Choice(index=0, text=f"a{e.index}"),)), deltas
+
+    out = io.StringIO()
+    asyncio.run(BatchRunner(send, OrderedSink(out), Recorder("edn"), concurrency=4).run(iter_entries(path)))
+    forms = read_all(out.getvalue())
+    assert len(forms) == 18
+    for i in range(6):
+        assert [f.get(kw("vllm/delta")) for f in forms[3 * i:3 * i + 2]] == [f"d{i}-0", f"d{i}-1"]
+        assert forms[3 * i + 2][K_INDEX] == i

@@ -84,19 +84,26 @@ class _LocalOnDemand:
 
 
 def _make_client(args: argparse.Namespace, urls: list[str]) -> Any:
-    """One AsyncClient, or the pool (issue 5) when several URLs or a pool spec are given."""
-    kwargs: dict[str, Any] = {"backend": args.backend, "api_key": args.api_key, "timeout": args.timeout}
+    """One AsyncClient, or an AsyncPool (early admission over every member) when several
+    URLs or a pool file are given; both have the same send/stream."""
+    kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout}
     if len(urls) > 1 or args.pool:
         try:
-            from .. import pool  # type: ignore[attr-defined]
-        except ImportError:
-            print("error: several --base-url or --pool need kotoba_vllm.pool, which is not built yet",
-                  file=sys.stderr)
+            from ..pool import AsyncPool, load_pool_config
+        except ImportError:  # pragma: no cover - pool not built in this tree
+            print("error: several --base-url or --pool need kotoba_vllm.pool", file=sys.stderr)
             raise SystemExit(2) from None
         if args.pool:
-            return pool.AsyncPool.from_file(args.pool, **kwargs)
-        return pool.AsyncPool(urls, **kwargs)
-    return AsyncClient(urls[0] if urls else None, **kwargs)
+            try:
+                config = load_pool_config(args.pool)
+            except (EdnError, ValueError, OSError) as e:
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+            if args.backend != "auto":
+                kwargs["backend"] = args.backend
+            return AsyncPool.from_config(config, **kwargs)
+        return AsyncPool(urls, backend=args.backend, **kwargs)
+    return AsyncClient(urls[0] if urls else None, backend=args.backend, **kwargs)
 
 
 def _formats(args: argparse.Namespace) -> tuple[str, str]:
@@ -213,5 +220,3 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         summary.pending = journal_path(args.output)
     return summary
 
-
-_ = EdnError
