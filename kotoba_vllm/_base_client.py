@@ -264,7 +264,7 @@ class SseDecoder:
                 if name == b"data":
                     data.append(value.decode("utf-8", "replace"))
                 elif name == b"event":
-                    self._event = value.decode("utf-8", "replace")
+                    self._event = value.decode("utf-8", "replace") or None
         return out
 
 

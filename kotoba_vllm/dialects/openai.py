@@ -432,11 +432,22 @@ def schema_json(v: Any) -> Any:
 
 
 _RAW_DECODE = json.JSONDecoder().raw_decode
+try:  # optional: decoding is most of a chunk's cost, and orjson does it ~3x faster
+    from orjson import loads as _FAST_LOADS
+except ImportError:  # pragma: no cover - depends on the environment
+    _FAST_LOADS = None
 
 
 def json_chunk(data: str) -> Any:
-    """`json.loads` for one stream payload, minus its per-call layers on the common exact-fit case;
-    leading/trailing whitespace or trailing garbage falls back to `json.loads` (same answer, same errors)."""
+    """`json.loads` for one stream payload, faster. With orjson installed it decodes first; anything it
+    refuses (NaN, huge integers, lone surrogates, bad JSON) goes to `json.loads`, so the answer and
+    the errors are json's. Without it: `raw_decode` minus `json.loads`' per-call layers on the common
+    exact-fit case; surrounding whitespace or trailing garbage falls back to `json.loads`."""
+    if _FAST_LOADS is not None:
+        try:
+            return _FAST_LOADS(data)
+        except ValueError:
+            return json.loads(data)
     try:
         obj, end = _RAW_DECODE(data)
     except ValueError:
