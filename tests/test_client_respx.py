@@ -324,6 +324,43 @@ def test_a_real_read_timeout_per_call(mode: str) -> None:
     assert ei.value.phase == "read" and ei.value.limit_s == 0.3
 
 
+class HangAfterFirstChunk(SilentServer):
+    """Answers a stream's headers and one delta, then goes quiet (a stalled engine)."""
+
+    def _run(self) -> None:
+        try:
+            while True:
+                c, _ = self.sock.accept()
+                self.conns.append(c)
+                c.recv(65536)
+                c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                          b"transfer-encoding: chunked\r\n\r\n")
+                data = b"data: " + json.dumps(chunk("first")).encode() + b"\n\n"
+                c.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stalled_stream_times_out_with_the_per_call_limit_and_partial_text(mode: str) -> None:
+    srv = HangAfterFirstChunk()
+    try:
+        with pytest.raises(RequestTimeout) as ei:
+            if mode == "sync":
+                with Client(srv.base_url, backend="vllm", timeout=60.0) as c:
+                    st = c.stream(CHAT, timeout=0.3)
+                    list(st)
+            else:
+                async def go() -> None:
+                    async with AsyncClient(srv.base_url, backend="vllm", timeout=60.0) as c:
+                        st = await c.stream(CHAT, timeout=0.3)
+                        [d async for d in st]
+                asyncio.run(go())
+    finally:
+        srv.close()
+    assert ei.value.phase == "read" and ei.value.limit_s == 0.3 and ei.value.partial_text == "first"
+
+
 # ------------------------------------------------------------------ streams
 
 
@@ -391,6 +428,28 @@ def test_invalid_utf8_bytes_become_replacement_characters(mode: str) -> None:
                                                           stream=Chunks([body[:40], body[40:]])))
         deltas, r = stream(mode)
     assert r.text.startswith("a") and r.text.endswith("b") and "\ufffd" in r.text
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_crlf_lines_comments_and_no_space_after_colon(mode: str) -> None:
+    # sse-starlette style: CRLF line ends and ": ping" keep-alive comments; "data:" without a space
+    body = (b": ping\r\n\r\ndata:" + json.dumps(chunk("ab")).encode() + b"\r\n\r\n"
+            + b"data: " + json.dumps(chunk("cd", "stop")).encode() + b"\r\n\r\ndata: [DONE]\r\n\r\n")
+    cut = body.index(b"\r\n\r\ndata: ") + 1  # a chunk boundary between CR and LF
+    with respx.mock() as m:
+        m.post(CHAT_URL).mock(return_value=httpx.Response(200, headers=SSE_HEADERS,
+                                                          stream=Chunks([body[:cut], body[cut:]])))
+        deltas, r = stream(mode)
+    assert [d.delta for d in deltas] == ["ab", "cd"] and r.text == "abcd"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_json_answer_where_a_stream_was_asked_is_a_protocol_error(mode: str) -> None:
+    with respx.mock() as m:
+        m.post(CHAT_URL).respond(200, json=answer())
+        with pytest.raises(ProtocolError) as ei:
+            stream(mode)
+    assert "event stream" in ei.value.message
 
 
 @pytest.mark.parametrize("mode", MODES)
