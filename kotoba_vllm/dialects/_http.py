@@ -102,10 +102,10 @@ def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint
     if status == 429:
         reason = _reason_from(err, body) or "rate-limited"
         return AdmissionRejected(message, reason=reason, retry_after_s=retry_after, status=status,
-                                 endpoint=endpoint, raw_body=raw, error_type=etype)
+                                 endpoint=endpoint, raw_body=raw, error_type=etype, details=details_edn)
     if status == 503 and any(m in lowered for m in QUEUE_FULL_MARKERS):
         return AdmissionRejected(message, reason="queue-full", retry_after_s=retry_after, status=status,
-                                 endpoint=endpoint, raw_body=raw, error_type=etype)
+                                 endpoint=endpoint, raw_body=raw, error_type=etype, details=details_edn)
     if status == 503 and (etype == "unavailable_error" or any(m in lowered for m in LOADING_MARKERS)):
         return NotReady(message, status=status, endpoint=endpoint, raw_body=raw, error_type=etype,
                         details=details_edn)

@@ -235,7 +235,9 @@ class Dialect:
         return Usage(prompt_tokens=_int(u.get("prompt_tokens")), completion_tokens=_int(u.get("completion_tokens")),
                      total_tokens=_int(u.get("total_tokens")),
                      cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else None,
-                     reasoning_tokens=_int(cdetails.get("reasoning_tokens")) if isinstance(cdetails, dict) else None)
+                     # OpenAI/vLLM nest it in completion_tokens_details; SGLang reports it at the top level
+                     reasoning_tokens=(_int(cdetails.get("reasoning_tokens")) if isinstance(cdetails, dict)
+                                       else None) if cdetails else _int(u.get("reasoning_tokens")))
 
     def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
         return None
