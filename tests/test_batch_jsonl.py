@@ -116,3 +116,16 @@ def test_completion_output_body_is_an_openai_completion() -> None:
 
 
 _ = kw
+
+
+def test_jsonl_resume_reads_answered_positions_and_drops_a_torn_line(tmp_path: Path) -> None:
+    from kotoba_vllm.batch import load_existing
+
+    e = [line_to_entry(i, line({"messages": [{"role": "user", "content": "x"}]}), "f", i + 1) for i in range(4)]
+    resp = Response(text="y", choices=(Choice(index=0, text="y", finish_reason="stop"),), model="m")
+    out = tmp_path / "out.jsonl"
+    full = [output_line(x, result=resp) for x in e[:3]]
+    out.write_text("\n".join(full) + "\n" + full[0][:30], encoding="utf-8")  # crash mid-line
+    existing = load_existing(str(out), "jsonl")
+    assert existing.done == {0, 1, 2}
+    assert out.read_text(encoding="utf-8").splitlines() == full  # the torn tail is gone
