@@ -433,3 +433,20 @@ def test_any_error_answer_becomes_readable_edn(status: int, raw: bytes) -> None:
     e = classify_error(status, raw, {}, "http://h/x")
     edn = e.to_edn()
     assert read_one(dumps(edn)) == edn
+
+
+from _strategies import request_maps  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(request_maps, st.sampled_from(sorted(DIALECTS)))
+def test_a_request_an_engine_accepts_renders_to_strict_json(m: Any, backend: str) -> None:
+    m = {k: v for k, v in m.items() if k.namespace == "vllm"}  # random engine extras would be refused
+    req, problems = request_from_edn(m)
+    assert problems == [] and req is not None
+    if any(p.is_error for p in validate(req, backend)):
+        return
+    http = get_dialect(backend).render(req)
+    assert http.method in ("POST", "GET") and http.path.startswith("/")
+    json.dumps(http.body, allow_nan=False)  # what goes on the wire is strict JSON
+    assert http.stream == bool(req.stream)
