@@ -224,7 +224,8 @@ class SseDecoder:
     bytes and only `data`/`event` values are decoded (UTF-8, invalid bytes replaced; a
     newline byte never sits inside a UTF-8 sequence, so per-line decoding is exact). An
     event is dispatched on a blank line when it has data or an event name; `id`, `retry`
-    and comments are ignored; a trailing event with no blank line is dropped."""
+    and comments are ignored; a trailing event with no blank line is dropped. llama-server's
+    non-standard `error:` field is kept as an `error` event so its failure is typed, not lost."""
 
     __slots__ = ("_buf", "_data", "_event", "_skip_lf")
 
@@ -265,6 +266,9 @@ class SseDecoder:
                     data.append(value.decode("utf-8", "replace"))
                 elif name == b"event":
                     self._event = value.decode("utf-8", "replace") or None
+                elif name == b"error":  # llama-server writes mid-stream failures as `error: {...}` lines
+                    data.append(value.decode("utf-8", "replace"))
+                    self._event = "error"
         return out
 
 
