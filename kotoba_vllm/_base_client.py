@@ -272,13 +272,19 @@ class SseDecoder:
         return out
 
 
+def server_root(url: str) -> str:
+    """The server's root URL. An OpenAI-style `.../v1` is accepted: the dialects' routes carry `/v1` themselves."""
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
 class BaseClient:
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None) -> None:
         if backend != "auto" and backend not in BACKENDS:
             raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
-        self.base_url = (base_url or os.environ.get(BASE_URL_ENV) or "http://127.0.0.1:8000").rstrip("/")
+        self.base_url = server_root(base_url or os.environ.get(BASE_URL_ENV) or "http://127.0.0.1:8000")
         self._backend = backend
         self._detected: dict[str, str] = {}
         self.__api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
@@ -322,7 +328,7 @@ class BaseClient:
         return req
 
     def _base_for(self, req: Request) -> str:
-        return (req.base_url or self.base_url).rstrip("/")
+        return server_root(req.base_url) if req.base_url else self.base_url
 
     def _backend_for(self, base: str) -> str | None:
         if self._backend != "auto":

@@ -40,3 +40,13 @@ async def test_async_stream_error_line_is_typed() -> None:
         with pytest.raises(ServerFailure) as info:
             await stream.until_done()
     assert info.value.partial_text == "ab"
+
+
+def test_openai_style_v1_base_url_is_accepted() -> None:
+    with respx.mock(base_url="http://s") as m:
+        route = m.post("/v1/chat/completions").respond(200, json={
+            "id": "c", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                    "finish_reason": "stop"}]})
+        r = Client("http://s/v1/", backend="openai").chat("hello")
+    assert route.call_count == 1 and r.text == "hi"
+    assert r.endpoint_url == "http://s/v1/chat/completions"
