@@ -12,6 +12,7 @@ from ._problems import Problem
 from ._requests import request_from_edn, request_to_edn
 from ._validate import validate
 from .dialects import HttpRequest, get_dialect
+from .pool import AsyncPool, Pool
 
 __version__ = "0.1.0"
 
@@ -24,4 +25,5 @@ __all__ = [
     "TokenizeResponse", "ToolCall", "TransportError", "Unreachable", "Usage", "ValidationError", "__version__",
     "dumps", "from_edn", "get_dialect", "kw", "pretty", "read_file", "read_forms", "request_from_edn",
     "request_to_edn", "to_edn", "validate",
+    "Pool", "AsyncPool",
 ]
