@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 import attrs
 import httpx
 
+from ._base_client import server_root
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._edn import Keyword, kw, read_file
 from ._errors import AdmissionRejected
@@ -87,7 +88,7 @@ def load_pool_config(path: str) -> PoolConfig:
 class _PoolCore:
     def __init__(self, base_urls: Sequence[str], *, backend: str, probe_timeout: float | httpx.Timeout | None,
                  affinity_entries: int) -> None:
-        members = [u.rstrip("/") for u in base_urls]
+        members = [server_root(u) for u in base_urls]  # ".../v1" names the same server
         if not members:
             raise ValueError("a pool needs at least one member URL")
         dupes = sorted({u for u in members if members.count(u) > 1})

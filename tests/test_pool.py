@@ -217,4 +217,4 @@ def test_pool_config_from_edn_and_the_example_file() -> None:
     with pytest.raises(ValueError, match="unknown key"):
         pool_config_from_edn({kw("pool/members"): [A], kw("pool/api-key"): "secret"})
     with pytest.raises(ValueError, match="duplicate"):
-        Pool([A, A + "/"])
+        Pool([A, A + "/v1"])

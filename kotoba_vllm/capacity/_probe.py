@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import httpx
 
-from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend
+from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend, server_root
 from .._model import BACKENDS
 from ..dialects._http import decode_json
 from ._answer import CapacityAnswer, PoolCapacity
@@ -85,7 +85,7 @@ def _answers(endpoints: Sequence[str], backends: Sequence[str | None], reasons: 
 
 
 def _normalise(endpoints: Sequence[str], backend: str | Sequence[str]) -> tuple[list[str], list[str]]:
-    eps = [e.rstrip("/") for e in endpoints]
+    eps = [server_root(e) for e in endpoints]  # an OpenAI-style ".../v1" is the same server
     bs = [backend] * len(eps) if isinstance(backend, str) else list(backend)
     if len(bs) != len(eps):
         raise ValueError("one backend per endpoint")
