@@ -82,9 +82,11 @@ def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
            ", ".join(f"{k} {v}" for k, v in sorted(TRIED.items()))
     request.config.cache.set("kotoba_vllm/fuzz_counts", dict(TRIED))
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("")
-        reporter.write_line(line)
+    capman = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capman is not None:
+        with capman.global_and_fixture_disabled():  # shown in the run's output, not swallowed by capture
+            reporter.write_line("")
+            reporter.write_line(line)
     if set(TRIED) == set(BUDGET):  # the whole module ran: the CI budget holds
         assert total >= 10_000, line
 
