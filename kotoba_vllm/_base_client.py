@@ -298,6 +298,7 @@ class BaseClient:
         if self.__api_key:
             h["authorization"] = f"Bearer {self.__api_key}"
         self._headers = h
+        self._urls: dict[str, httpx.URL] = {}  # see `_url`
 
     def __repr__(self) -> str:  # the key is never shown
         key = ", api_key=<set>" if self.__api_key else ""
@@ -359,6 +360,16 @@ class BaseClient:
         except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
             raise ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
                                 endpoint=plan.url) from None
+
+    def _url(self, url: str) -> httpx.URL:
+        """The parsed URL, cached: parsing a URL string costs as much as the rest of building a request."""
+        cache = self._urls
+        parsed = cache.get(url)
+        if parsed is None:
+            if len(cache) >= 256:
+                cache.clear()
+            parsed = cache[url] = httpx.URL(url)
+        return parsed
 
     def _timeout_for(self, timeout: float | httpx.Timeout | None) -> httpx.Timeout:
         if timeout is None:

@@ -164,7 +164,11 @@ class Client(BaseClient):
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, verify: bool = True, http_client: httpx.Client | None = None) -> None:
         super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
-        self._http = http_client or httpx.Client(timeout=self.timeout, verify=verify, limits=_limits())
+        # Our own httpx client carries our headers (merging them per request costs more than the rest of
+        # building it); a caller's client gets them on every request.
+        self._http = http_client or httpx.Client(timeout=self.timeout, verify=verify, limits=_limits(),
+                                                 headers=self._headers)
+        self._request_headers = self._headers if http_client is not None else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -183,8 +187,9 @@ class Client(BaseClient):
         http = plan.http
         for _ in range(MAX_RESENDS + 1):
             attempt = Attempt()
-            request = self._http.build_request(http.method, plan.url, json=http.body, headers=self._headers,
-                                               timeout=timeout, extensions={"trace": attempt})
+            request = self._http.build_request(http.method, self._url(plan.url), json=http.body,
+                                               headers=self._request_headers, timeout=timeout,
+                                               extensions={"trace": attempt})
             try:
                 return self._http.send(request, stream=stream)
             except httpx.HTTPError as e:
@@ -315,7 +320,9 @@ class AsyncClient(BaseClient):
                  model: str | None = None, verify: bool = True,
                  http_client: httpx.AsyncClient | None = None) -> None:
         super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
-        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, verify=verify, limits=_limits())
+        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, verify=verify, limits=_limits(),
+                                                      headers=self._headers)
+        self._request_headers = self._headers if http_client is not None else None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -330,8 +337,9 @@ class AsyncClient(BaseClient):
         http = plan.http
         for _ in range(MAX_RESENDS + 1):
             attempt = AsyncAttempt()
-            request = self._http.build_request(http.method, plan.url, json=http.body, headers=self._headers,
-                                               timeout=timeout, extensions={"trace": attempt})
+            request = self._http.build_request(http.method, self._url(plan.url), json=http.body,
+                                               headers=self._request_headers, timeout=timeout,
+                                               extensions={"trace": attempt})
             try:
                 return await self._http.send(request, stream=stream)
             except httpx.HTTPError as e:
