@@ -129,7 +129,7 @@ class AsyncAttempt(Attempt):
 
 STALE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 # What a dialect's parser raises on JSON of an unexpected shape (a list where a map belongs ...)
-SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError)
+SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError)
 
 
 def may_resend(exc: BaseException, attempt: Attempt) -> bool:

@@ -113,6 +113,7 @@ def _uuid(v: Any) -> uuid.UUID:
 
 
 TAG_HANDLERS: dict[str, Callable[[Any], Any]] = {"inst": _inst, "uuid": _uuid}
+MAX_DEPTH = 100  # nesting levels a reader accepts; requests and specs use a handful
 
 
 class _Reader:
@@ -122,6 +123,7 @@ class _Reader:
         self.tokens = _TOKEN.finditer(text)
         self.peeked: re.Match[str] | None = None
         self.key_offsets: dict[int, dict[Any, int]] = {}
+        self.depth = 0
 
     def where(self, pos: int) -> tuple[int, int]:
         # Forms are located in increasing order: count newlines from the last answer, not from
@@ -130,6 +132,12 @@ class _Reader:
         line += self.text.count("\n", start, pos)
         self._mark = (pos, line)
         return line, pos - (self.text.rfind("\n", 0, pos) + 1) + 1
+
+    def enter(self, pos: int) -> None:
+        # Bounded nesting: '[' x 500 must be a located error, not Python's RecursionError.
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.fail(f"nested deeper than {MAX_DEPTH} levels", pos)
 
     def fail(self, msg: str, pos: int) -> EdnError:
         line, col = self.where(pos)
@@ -151,7 +159,10 @@ class _Reader:
         if kind == "str":
             return self.string(tok, pos)
         if kind == "open":
-            return self.coll(tok, pos)
+            self.enter(pos)
+            v = self.coll(tok, pos)
+            self.depth -= 1
+            return v
         if kind == "close":
             raise self.fail(f"unmatched '{tok}'", pos)
         if kind == "char":
@@ -165,14 +176,18 @@ class _Reader:
             nxt = self.next()
             if nxt is None:
                 raise self.fail("#_ with nothing to discard", pos)
+            self.enter(pos)
             self.read(nxt)
+            self.depth -= 1
             return _DISCARDED
         if kind == "tag":
             name = tok[1:]
             nxt = self.next()
             if nxt is None:
                 raise self.fail(f"tag #{name} with no value", pos)
+            self.enter(pos)
             value = self.read(nxt)
+            self.depth -= 1
             handler = TAG_HANDLERS.get(name)
             if handler is None:
                 raise self.fail(f"unknown tag #{name}", pos)
@@ -364,6 +379,15 @@ def _scalar(v: Any) -> str | None:
 
 def dumps(v: Any) -> str:
     """Compact EDN text."""
+    t = type(v)  # exact types that responses are made of first; the general rules below
+    if t is Keyword:
+        return ":" + v.name
+    if t is str:
+        return _str(v)
+    if t is dict:
+        return "{" + " ".join([dumps(k) + " " + dumps(x) for k, x in v.items()]) + "}"
+    if t is list:
+        return "[" + " ".join([dumps(x) for x in v]) + "]"
     s = _scalar(v)
     if s is not None:
         return s

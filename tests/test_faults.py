@@ -116,6 +116,9 @@ FAULTS: tuple[Fault, ...] = (
     Fault("JSON of the wrong shape", _plain_or_stream(reply({"choices": [1]}),
                                                       HELLO + [sse_event({"choices": [1]}), LAST_CHUNK]),
           E.ProtocolError, kept="Hello", summary="ProtocolError"),
+    Fault("deeply nested JSON", _plain_or_stream(reply(b"[" * 100_000 + b"]" * 100_000),
+                                                 HELLO + [sse_event(b"[" * 100_000 + b"]" * 100_000), LAST_CHUNK]),
+          E.ProtocolError, kept="Hello", summary="ProtocolError (was RecursionError)"),
     Fault("SSE framing: no data: prefix", lambda s: [sse_head(), chunk(json.dumps(chat_chunk("Hel")).encode()
                                                                        + b"\n\n"), LAST_CHUNK],
           E.StreamBroken, kept="", modes=("stream",), summary="StreamBroken (no event arrived)"),

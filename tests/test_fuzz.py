@@ -185,7 +185,13 @@ def check_text(text: str) -> None:
             check_typed(req)
 
 
-@fuzz("edn-random-text", edn_ish_text | any_text)
+# Deep nesting: Python's own stack gives out near 300 levels; the reader must say so, located.
+deep_text = st.builds(lambda n, o, c: o * n + c * n, st.integers(50, 3000),
+                      st.sampled_from(["[", "(", "{:a ", "#_", "#inst ", "#{", "^:m "]),
+                      st.sampled_from(["]", ")", "}", "1"]))
+
+
+@fuzz("edn-random-text", edn_ish_text | any_text | deep_text)
 def test_edn_reader_random_text(text: str) -> None:
     check_text(text)
 
@@ -250,6 +256,7 @@ def _mutate_map(m: dict[Keyword, Any], ops: list[tuple[int, int, Any]]) -> Any:
         if not pos:
             return m
         container, key = pos[at % len(pos)]
+        value = _thaw(value)  # a fresh copy: a shared sampled [] must never end up inside itself
         if op == 0:
             container[key] = value
         elif op == 1 and isinstance(container, dict):
@@ -267,8 +274,8 @@ def _thaw(v: Any) -> Any:
     return v
 
 
-mutated_maps = st.builds(_mutate_map, st.sampled_from(SEED_MAPS), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1000),
-                                                                      wild), max_size=3))
+mutated_maps = st.builds(_mutate_map, st.sampled_from(SEED_MAPS),
+                         st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1000), wild), max_size=3))
 
 
 def check_typed(req: Any) -> None:
@@ -344,6 +351,7 @@ def _plans() -> list[Any]:
 
 PLANS = _plans()
 bodies = st.one_of(json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=40),
+                   st.integers(500, 100_000).map(lambda n: b"[" * n + b"]" * n),
                    json_values.map(lambda v: json.dumps({"choices": [v]}).encode()))
 
 

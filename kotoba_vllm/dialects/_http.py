@@ -78,7 +78,7 @@ def decode_json(raw: bytes) -> Any:
     try:
         # Invalid UTF-8 becomes U+FFFD, as it does inside a stream (httpx decodes SSE text that way).
         return json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
         return None
 
 
