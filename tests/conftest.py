@@ -29,7 +29,7 @@ def _start(**kwargs: object):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[object]:
     """One real llama-server for the session: 2 slots, 2048-token context, --metrics --slots."""
-    server = _start(n_ctx=2048, parallel=2)
+    server = _start(n_ctx=2048, parallel=2, threads=1)  # 2 threads spin on a loaded 2-core box
     yield server
     server.stop()
 
