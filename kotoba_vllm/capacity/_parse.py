@@ -12,6 +12,8 @@ from typing import Any, Iterable
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
+from .._errors import redact
+
 _SNIPPET = 160
 
 
@@ -35,7 +37,8 @@ def failure(f: Fetched) -> str | None:
     if f.error is not None:
         return f"GET {f.path}: {f.error}"
     if f.status != 200:
-        text = f.body.decode("utf-8", "replace").strip().replace("\n", " ")
+        # redact: a server may quote our Authorization header back in its error body
+        text = (redact(f.body.decode("utf-8", "replace")) or "").strip().replace("\n", " ")
         snippet = text if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
         return f"GET {f.path}: HTTP {f.status}" + (f" {snippet}" if snippet else "")
     return None

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     key = args.api_key or os.environ.get(API_KEY_ENV)
     if key:
         headers["authorization"] = f"Bearer {key}"
+        from .._errors import register_secret
+        register_secret(key)  # never echoed into a :capacity/reason
     answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout)
     for a in answers:
         emit(a.to_edn(), pretty_print=args.pretty)
