@@ -80,7 +80,9 @@ def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
     total = sum(TRIED.values())
     line = f"fuzz: {total} inputs tried, 0 untyped exceptions: " + \
            ", ".join(f"{k} {v}" for k, v in sorted(TRIED.items()))
-    request.config.cache.set("kotoba_vllm/fuzz_counts", dict(TRIED))
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    if cache is not None:
+        cache.set("kotoba_vllm/fuzz_counts", dict(TRIED))
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capman = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capman is not None:

@@ -23,7 +23,8 @@ _K_ENDPOINT = kw("vllm/endpoint")
 _TOOL = ("tool_calls[].id", "tool_calls[].type", "tool_calls[].index", "tool_calls[].function.name",
          "tool_calls[].function.arguments")
 _USAGE = ("usage.prompt_tokens", "usage.completion_tokens", "usage.total_tokens",
-          "usage.prompt_tokens_details.cached_tokens", "usage.completion_tokens_details.reasoning_tokens")
+          "usage.prompt_tokens_details.cached_tokens", "usage.completion_tokens_details.reasoning_tokens",
+          "usage.reasoning_tokens")
 _TOP = ("id", "model", "created", "system_fingerprint")
 _LLAMA = ("timings.*", "id_slot", "tokens_cached", "truncated", "stop_type")
 
