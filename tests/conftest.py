@@ -7,6 +7,13 @@ import os
 from typing import Iterator
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples every run (a landing must not hinge on a lucky draw); local runs
+# and the long fuzz profile keep exploring. No deadline: a loaded 2-core machine is slow, not wrong.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 REQUIRE_LIVE = os.environ.get("KOTOBA_VLLM_REQUIRE_LIVE") == "1"
 

@@ -128,12 +128,12 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if summary.input_error:  # the one line that says what is wrong comes first
+        print(f"error: {summary.input_error}", file=sys.stderr)
     print(summary.line(), file=sys.stderr)
     if summary.pending:
         print(f";; finished results past the first gap wait in {summary.pending}; "
               f"--resume writes them in order", file=sys.stderr)
-    if summary.input_error:
-        print(f"error: {summary.input_error}", file=sys.stderr)
     if args.summary:
         with open(args.summary, "w", encoding="utf-8") as fh:
             fh.write(pretty(summary.to_edn()) + "\n")
