@@ -14,7 +14,6 @@ from typing import Any, Iterable, Mapping
 import attrs
 import httpx
 
-from ._codec import StructureError
 from ._edn import Keyword
 from ._errors import (KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError, Unreachable,
                       ValidationError, register_secret)

@@ -10,7 +10,7 @@ from typing import Any, Union
 
 import attrs
 
-from ._codec import (ANY, BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR,
+from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR,
                      edn_converter, edn_field, extras_field, register)
 from ._edn import Keyword
 

@@ -19,7 +19,7 @@ from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Respo
 from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, llamacpp_server_timings
 from .openai import ChunkStream, Dialect, _int, _str, schema_json
-from ._http import HttpRequest, error_object, stream_error
+from ._http import HttpRequest
 
 LLAMACPP_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                                "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs", "guided_json",
@@ -167,24 +167,13 @@ class NativeStream(ChunkStream):
         self.pieces: list[str] = []
         self.last_obj: dict[str, Any] = {}
 
+    payload_key: ClassVar[str] = "content"
+
     @property
     def partial_text(self) -> str:
         return "".join(self.pieces)
 
-    def feed(self, data: str) -> list[StreamDelta]:
-        if data.strip() == "[DONE]":
-            self.done = True
-            return []
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            raise ProtocolError("malformed JSON in stream", offending=data, endpoint=self.endpoint_url,
-                                partial_text=self.partial_text) from None
-        if not isinstance(obj, dict):
-            raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
-                                partial_text=self.partial_text)
-        if error_object(obj) is not None and "content" not in obj:
-            raise stream_error(obj, self.endpoint_url, self.partial_text)
+    def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
         piece = obj.get("content")
         piece = piece if isinstance(piece, str) else ""
         if piece:

@@ -161,10 +161,19 @@ class Dialect:
                                        "json_schema": {"name": "output", "schema": schema_json(s.guided_json)}}
 
     def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
-        raise NotImplementedError  # pragma: no cover - routes table keeps it unreachable
+        # vLLM's and SGLang's shape; reached only when `routes` has a tokenize route
+        body: dict[str, Any] = {"prompt": req.text}
+        if req.model is not None:
+            body["model"] = req.model
+        if req.add_special is not None:
+            body["add_special_tokens"] = req.add_special
+        return HttpRequest("POST", self.routes["tokenize"], body)
 
     def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
-        raise NotImplementedError  # pragma: no cover
+        body: dict[str, Any] = {"tokens": list(req.tokens)}
+        if req.model is not None:
+            body["model"] = req.model
+        return HttpRequest("POST", self.routes["detokenize"], body)
 
     def render_generate(self, req: Request) -> HttpRequest:
         raise NotImplementedError  # pragma: no cover
@@ -311,6 +320,9 @@ class ChunkStream:
         self._engine_timings = type(dialect).server_timings is not Dialect.server_timings
         self._engine_extras = type(dialect).response_extras is not Dialect.response_extras
 
+    # A chunk carrying this key is data even when it also looks like an error object.
+    payload_key: ClassVar[str] = "choices"
+
     @property
     def partial_text(self) -> str:
         return "".join(self.texts.get(0, ()))
@@ -327,7 +339,7 @@ class ChunkStream:
         if not isinstance(obj, dict):
             raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
                                 partial_text=self.partial_text)
-        if "choices" not in obj and error_object(obj) is not None:
+        if self.payload_key not in obj and error_object(obj) is not None:
             raise stream_error(obj, self.endpoint_url, self.partial_text)
         return self.chunk(obj)
 

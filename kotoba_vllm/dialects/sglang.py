@@ -15,11 +15,10 @@ from typing import Any, ClassVar
 
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
-from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
-                      TokenizeRequest, Usage)
+from .._model import Choice, GenerateRequest, Request, Response, Sampling, StreamDelta, Usage
 from .._timings import ClientClock, ServerTimings, build_timings, sglang_server_timings
 from .openai import ChunkStream, Dialect, _int, _reason, _str, schema_json
-from ._http import HttpRequest, error_object, stream_error
+from ._http import HttpRequest
 
 SGLANG_OPENAI_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                                     "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs",
@@ -98,20 +97,6 @@ class SglangDialect(Dialect):
             body["stream"] = True
         return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))
 
-    def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
-        body: dict[str, Any] = {"prompt": req.text}
-        if req.model is not None:
-            body["model"] = req.model
-        if req.add_special is not None:
-            body["add_special_tokens"] = req.add_special
-        return HttpRequest("POST", self.routes["tokenize"], body)
-
-    def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
-        body: dict[str, Any] = {"tokens": list(req.tokens)}
-        if req.model is not None:
-            body["model"] = req.model
-        return HttpRequest("POST", self.routes["detokenize"], body)
-
     def detokenized_text(self, obj: dict[str, Any]) -> str:
         return super().detokenized_text(obj)
 
@@ -159,24 +144,13 @@ class GenerateStream(ChunkStream):
         self.text = ""
         self.last_obj: dict[str, Any] | None = None
 
+    payload_key: ClassVar[str] = "text"
+
     @property
     def partial_text(self) -> str:
         return self.text
 
-    def feed(self, data: str) -> list[StreamDelta]:
-        if data.strip() == "[DONE]":
-            self.done = True
-            return []
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            raise ProtocolError("malformed JSON in stream", offending=data, endpoint=self.endpoint_url,
-                                partial_text=self.text) from None
-        if not isinstance(obj, dict):
-            raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
-                                partial_text=self.text)
-        if error_object(obj) is not None and "text" not in obj:
-            raise stream_error(obj, self.endpoint_url, self.text)
+    def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
         chunk_text = obj.get("text")
         chunk_text = chunk_text if isinstance(chunk_text, str) else ""
         if chunk_text.startswith(self.text):

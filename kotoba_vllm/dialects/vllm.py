@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .._model import DetokenizeRequest, Sampling, TokenizeRequest
+from .._model import Sampling
 from .openai import Dialect, schema_json
-from ._http import HttpRequest
 
 VLLM_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                            "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs", "guided_json",
@@ -39,20 +38,6 @@ class VllmDialect(Dialect):
         if s.guided_choice is not None:
             so["choice"] = list(s.guided_choice)
         body["structured_outputs"] = so
-
-    def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
-        body: dict[str, Any] = {"prompt": req.text}
-        if req.model is not None:
-            body["model"] = req.model
-        if req.add_special is not None:
-            body["add_special_tokens"] = req.add_special
-        return HttpRequest("POST", self.routes["tokenize"], body)
-
-    def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
-        body: dict[str, Any] = {"tokens": list(req.tokens)}
-        if req.model is not None:
-            body["model"] = req.model
-        return HttpRequest("POST", self.routes["detokenize"], body)
 
 
 DIALECT = VllmDialect()
