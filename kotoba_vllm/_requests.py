@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
+
+import attrs
 
 from ._codec import describe, structure_located
 from ._edn import Form, Keyword, kw
@@ -41,4 +43,32 @@ def request_from_edn(m: Any, form: Form | None = None) -> tuple[Request | None, 
 def request_to_edn(req: Request) -> dict[Keyword, Any]:
     out = {K_ENDPOINT: kw(req.endpoint)}
     out.update(to_edn(req))
+    return out
+
+
+def _find_key(value: Any, key: Keyword, form: Form) -> tuple[int, int] | None:
+    """Line and column of the first `key` in a map anywhere inside `value`."""
+    if isinstance(value, dict):
+        if key in value:
+            return form.locate(value, key)
+        children: Iterable[Any] = value.values()
+    elif isinstance(value, (list, tuple)):
+        children = value
+    else:
+        return None
+    for child in children:
+        loc = _find_key(child, key, form)
+        if loc is not None:
+            return loc
+    return None
+
+
+def locate_problems(problems: Iterable[Problem], form: Form) -> list[Problem]:
+    """Give each unlocated problem the file:line:column of its key in `form` (else of the form)."""
+    out = []
+    for p in problems:
+        if p.where is None:
+            loc = _find_key(form.value, kw(p.field), form) if p.field else None
+            p = attrs.evolve(p, where=f"{form.source}:{loc[0]}:{loc[1]}" if loc else form.where)
+        out.append(p)
     return out

@@ -10,7 +10,8 @@ import attrs
 from .._edn import EdnError, kw
 from .._model import Request
 from .._problems import Problem
-from .._requests import request_from_edn
+from .._requests import locate_problems, request_from_edn
+from .._validate import request_problems
 from ._edn_stream import FormStream
 
 
@@ -57,6 +58,8 @@ def iter_edn_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
             yield BatchEntry(i, where, None, (Problem("error", "edn/syntax", f.msg, where=where),))
             continue
         req, problems = request_from_edn(f.value, f)
+        if req is not None:  # engine-independent checks now, so their problems name the key's line
+            problems = problems + locate_problems(request_problems(req), f)
         yield BatchEntry(i, f.where, req, tuple(problems))
 
 

@@ -10,7 +10,7 @@ import attrs
 from .._edn import EdnError, Form, dumps, kw, pretty, read_file
 from .._model import Request
 from .._problems import Problem
-from .._requests import request_from_edn
+from .._requests import locate_problems, request_from_edn
 
 
 @attrs.frozen
@@ -21,7 +21,11 @@ class Entry:
     where: str
     request: Request | None
     problems: tuple[Problem, ...]
-    form: Any = None
+    form: Form | None = None
+
+    def located(self, problems: list[Problem]) -> list[Problem]:
+        """Problems found after typing, given the file:line:column of the key they name."""
+        return locate_problems(problems, self.form) if self.form is not None else problems
 
 
 def expand_forms(forms: list[Form]) -> Iterator[Form]:
@@ -39,7 +43,7 @@ def load_entries(path: str) -> list[Entry]:
     out = []
     for i, f in enumerate(expand_forms(read_file(path))):
         req, problems = request_from_edn(f.value, f)
-        out.append(Entry(i, f.where, req, tuple(problems), f.value))
+        out.append(Entry(i, f.where, req, tuple(problems), f))
     return out
 
 

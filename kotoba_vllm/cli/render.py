@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     for entry in entries:
         problems = list(entry.problems)
         if entry.request is not None:
-            problems += validate(entry.request, args.backend)
+            problems += entry.located(validate(entry.request, args.backend))
         errors = [p for p in problems if p.is_error]
         if errors or entry.request is None:
             status = 1

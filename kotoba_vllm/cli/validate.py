@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         for entry in entries:
             problems = list(entry.problems)
             if entry.request is not None:
-                problems += validate(entry.request, args.backend)
+                problems += entry.located(validate(entry.request, args.backend))
             for p in problems:
                 rec = p.to_edn()
                 rec.setdefault(kw("vllm/where"), entry.where)
