@@ -28,6 +28,7 @@ import httpx
 
 from ._base_client import server_root
 from ._client import AsyncClient, AsyncStream, Client, Stream
+from ._codec import KW, MANY, NUM, STR
 from ._edn import Keyword, kw, read_file
 from ._errors import AdmissionRejected
 from ._model import BACKENDS, Request, StreamDelta
@@ -45,17 +46,18 @@ class PoolConfig:
     """`{:pool/members ["http://a:8080" "http://b:8080"] :pool/backend :llamacpp :pool/probe-timeout-s 1.5}`.
     The API key never lives in the file: pass it, or set KOTOBA_VLLM_API_KEY."""
 
-    members: tuple[str, ...]
-    backend: str = "auto"
-    probe_timeout_s: float | None = None
-    model: str | None = None
+    # The "edn" metadata is the key table: the reader's known keys and schemas/pool.edn come from it.
+    members: tuple[str, ...] = attrs.field(metadata={"edn": "pool/members", "codec": MANY(STR)})
+    backend: str = attrs.field(default="auto", metadata={"edn": "pool/backend", "codec": KW("auto", *BACKENDS)})
+    probe_timeout_s: float | None = attrs.field(default=None, metadata={"edn": "pool/probe-timeout-s", "codec": NUM})
+    model: str | None = attrs.field(default=None, metadata={"edn": "pool/model", "codec": STR})
 
 
 def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
     """Read a pool map; raises ValueError naming the key."""
     if not isinstance(m, dict):
         raise ValueError(f"{where}: a pool is a map with :pool/members")
-    known = {kw("pool/members"), kw("pool/backend"), kw("pool/probe-timeout-s"), kw("pool/model")}
+    known = {kw(a.metadata["edn"]) for a in attrs.fields(PoolConfig)}
     unknown = [k for k in m if k not in known]
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {' '.join(str(k) for k in unknown)}")

@@ -1,0 +1,124 @@
+"""The EDN descriptions in `schemas/`, generated from the code so the two cannot drift.
+
+`python -m kotoba_vllm._schema --write` rewrites them; `tests/test_schemas.py` fails when
+a file differs from what the code says. Each file names the code it comes from: a key
+table (`_typed`) where the code has one, else what the code's `to_edn` emits for samples
+(`_observed`, `_samples`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from .._edn import kw, pretty
+from .._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, EmbeddingRequest,
+                      Figure, GenerateRequest, Message, Response, Sampling, StreamDelta, Timings, TokenizeRequest,
+                      ToolCall, Usage)
+from .._sampling import SAMPLING_TABLE
+from ..dialects import DIALECTS, Dialect
+from . import _samples
+from ._observed import observe
+from ._typed import codec_shapes, kind_shapes
+
+SHAPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest,
+          Message, ContentPart, ToolCall, Sampling, Response, Choice, Usage, Timings, Figure, StreamDelta)
+SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
+REQUEST_REF = "shapes.edn (a request map)"
+
+
+def shapes() -> dict[Any, Any]:
+    out = codec_shapes(SHAPES)
+    out[kw("shape/sampling-table")] = [
+        {kw("schema/key"): kw(k.key), kw("schema/wire"): k.wire, kw("schema/min"): k.lo, kw("schema/max"): k.hi}
+        for k in SAMPLING_TABLE]
+    return out
+
+
+def engine(d: Dialect) -> dict[Any, Any]:
+    from .._sampling import KNOBS_BY_ATTR
+
+    return {
+        kw("engine/name"): kw(d.name),
+        kw("engine/routes"): {kw(ep): path for ep, path in d.routes.items()},
+        kw("engine/models-path"): d.models_path,
+        kw("engine/health-path"): d.health_path,
+        kw("engine/sampling"): {kw(ep): sorted((kw(KNOBS_BY_ATTR[a].key) for a in attrs_),
+                                               key=lambda k: k.name)
+                                for ep, attrs_ in d.sampling_support.items()},
+        kw("engine/wire-names"): {kw(ep): {kw(KNOBS_BY_ATTR[a].key): w for a, w in names.items()}
+                                  for ep, names in d.wire_names.items()},
+        kw("engine/extras"): {kw(k): {kw("engine/wire"): wire, kw("engine/routes"): [kw(r) for r in sorted(routes)]}
+                              for k, (wire, routes) in d.extras.items()} if d.extras else {},
+    }
+
+
+def capacity() -> dict[Any, Any]:
+    from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
+
+    out = codec_shapes((CapacityAnswer, Slots, Queue, Evidence, PoolCapacity))
+    out[kw("shape/verdicts")] = [kw(v) for v in VERDICTS]
+    return out
+
+
+def pool() -> dict[Any, Any]:
+    from ..pool import PoolConfig
+
+    return codec_shapes((PoolConfig,))
+
+
+def distributed() -> dict[Any, Any]:
+    from ..distributed._spec import _KIND_TEXT, KOTODAMA_ALIASES, TABLES
+
+    out = kind_shapes(TABLES, _KIND_TEXT)
+    out[kw("shape/kotodama-aliases")] = {kw(a): kw(c) for a, c in KOTODAMA_ALIASES.items()}
+    out[kw("shape/Plan")] = observe(_samples.plan_samples())
+    return out
+
+
+def cassette() -> dict[Any, Any]:
+    return {kw("shape/Cassette"): observe(_samples.cassette_samples(),
+                                          {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/_cassette/"
+                                                                                          "expect.py (per cassette)"})}
+
+
+def batch() -> dict[Any, Any]:
+    return {kw("shape/BatchSummary"): observe(_samples.batch_samples())}
+
+
+def bench() -> dict[Any, Any]:
+    return {kw("shape/bench-result"): observe(_samples.bench_samples())}
+
+
+# file -> (what it describes and where from, the generator)
+FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
+    "shapes.edn": ("Generated from kotoba_vllm/_model.py", shapes),
+    "capacity.edn": ("Capacity answers (DESIGN §4). Generated from the key table in kotoba_vllm/capacity/"
+                     "_answer.py", capacity),
+    "pool.edn": ("The pool file (`--pool FILE`). Generated from the key table of kotoba_vllm/pool.py PoolConfig",
+                 pool),
+    "distributed.edn": ("The distributed spec (key tables of kotoba_vllm/distributed/_spec.py, with the accepted "
+                        ":kotodama/* aliases)\n;; and the plan (observed: what Plan.to_edn writes for sample specs)",
+                        distributed),
+    "cassette.edn": ("A cassette file. Observed: what Cassette.to_edn writes for every cassette in tests/cassettes"
+                     " and the base64 branches", cassette),
+    "batch.edn": ("The batch summary. Observed: what BatchSummary.to_edn writes for sample runs", batch),
+    "bench.edn": ("One bench result row. Observed: what bench.report.summary_edn writes for sample rows", bench),
+}
+GEN = "by `python -m kotoba_vllm._schema --write`."
+
+
+def rendered() -> dict[str, str]:
+    files = {rel: f";; {what} {GEN}\n" + pretty(make()) + "\n" for rel, (what, make) in FILES.items()}
+    for name, d in DIALECTS.items():
+        files[f"engines/{name}.edn"] = (f";; What kotoba-vllm sends to {name}: routes, honoured sampling keys, wire "
+                                        f"renames, engine extras.\n;; Generated from kotoba_vllm/dialects/"
+                                        f"{name}.py {GEN}\n" + pretty(engine(d)) + "\n")
+    return files
+
+
+def write(root: Path = SCHEMA_DIR) -> None:
+    for rel, text in rendered().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")

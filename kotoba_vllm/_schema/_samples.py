@@ -1,0 +1,80 @@
+"""Sample values fed through the code's own `to_edn` for the shapes that have no key table.
+
+Samples cover each branch a converter has (a value or nil, text or base64 bodies, a
+failed link, a server that reported or did not), so every key it can write appears.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .._edn import kw
+
+
+def plan_samples() -> list[dict[Any, Any]]:
+    from ..distributed import plan, spec_from_edn
+
+    def spec(nodes: int, links: list[dict[Any, Any]], **top: Any) -> dict[Any, Any]:
+        return {kw("dist/model"): {kw("model/id"): "m", kw("model/path"): "/m.gguf", kw("model/layers"): 32,
+                                   kw("model/weight-bytes"): 4_000_000_000},
+                kw("dist/nodes"): [{kw("node/name"): f"n{i}", kw("node/address"): f"10.0.0.{i + 1}",
+                                    kw("node/memory-bytes"): 16_000_000_000, **({kw("node/port"): 50052} if i else {})}
+                                   for i in range(nodes)],
+                **({kw("dist/links"): links} if links else {}), **{kw(k): v for k, v in top.items()}}
+
+    verified = {kw("link/from"): "n0", kw("link/to"): "n1", kw("link/method"): kw("receiver-verified"),
+                kw("link/mbps"): 933.0, kw("link/bytes"): 67108864, kw("link/ms"): 575.0}
+    failed = {kw("link/from"): "n1", kw("link/to"): "n2", kw("link/method"): kw("receiver-verified"),
+              kw("link/failure"): "short transfer"}
+    out = []
+    for raw, engine in ((spec(1, []), "vllm"), (spec(2, [verified], **{"dist/engine": kw("llamacpp")}), None),
+                        (spec(3, [verified, failed]), "sglang")):
+        s, problems = spec_from_edn(raw)
+        p, _ = plan(s, engine) if s is not None else (None, problems)
+        assert p is not None, problems
+        out.append(p.to_edn())
+    return out
+
+
+def cassette_samples() -> list[dict[Any, Any]]:
+    """Every cassette in tests/cassettes read and written back, plus the base64 branches."""
+    from ..cassettes import Cassette, load_cassettes
+
+    found = load_cassettes()
+    out = [c.to_edn() for c in found]
+    base = found[0] if found else Cassette(
+        name="x", engine="llamacpp", backend="llamacpp", provenance={kw("cassette/how"): kw("derived")},
+        call={kw("call/op"): kw("raw")}, method="GET", path="/health", request_body=None, status=200, headers={})
+    bad = b"\xe3\x81"  # half a UTF-8 character: stored as base64
+    out.append(attrs.evolve(base, request_body=bad, body=bad, chunks=None).to_edn())
+    out.append(attrs.evolve(base, request_body=None, body=None, chunks=(b"data: x", bad)).to_edn())
+    return out
+
+
+def batch_samples() -> list[dict[Any, Any]]:
+    from ..batch._runner import BatchSummary
+
+    done = BatchSummary(sent=2, recorded=3, elapsed_s=1.5, output="out.edn")
+    done.outcomes.update({"ok": 2, "validation": 1})
+    cut = BatchSummary(interrupted=True, stopped_at=7, pending="out.edn.journal", input_error="line 8: not JSON")
+    return [done.to_edn(), cut.to_edn()]
+
+
+def bench_samples() -> list[dict[Any, Any]]:
+    from ..bench.metrics import Rate, ServerRates
+    from ..bench.report import summary_edn
+    from ..bench.stats import Sample, summarize_group
+
+    ok = Sample(target="http://h:8080", concurrency=1, started=0.0, finished=1.0, answered_by="http://h:8080",
+                completion_tokens=8, prefill_tokens=4, prefill_ms=10.0, prefill_rate=400.0,
+                prefill_provenance="server-reported", decode_tokens=8, decode_ms=100.0, decode_rate=80.0,
+                decode_provenance="server-reported", client_decode_rate=75.0, ttft_ms=12.0, gaps_ms=(12.0, 13.0))
+    err = Sample(target="http://h:8080", concurrency=1, started=0.0, finished=0.5, error_kind="timeout")
+    row = summarize_group("http://h:8080", "http://h:8080", 1, [ok, err])
+    rates = ServerRates("llamacpp", Rate(4.0, 0.01, 400.0), Rate(8.0, 0.1, 80.0))
+    return [summary_edn(attrs.evolve(row, server=rates)),
+            summary_edn(attrs.evolve(row, server=ServerRates(None, Rate(None, None, None), Rate(None, None, None),
+                                                             problem="no /metrics"))),
+            summary_edn(summarize_group("http://h:8080", "http://h:8080", 1, []))]

@@ -1,0 +1,40 @@
+"""Shapes read from key tables the code already holds: attrs field metadata.
+
+Two tables exist: `_codec` classes (`{"edn": key, "codec": Codec}`, used by `_model`,
+`capacity`, `pool`) and the distributed spec (`{"edn": key, "kind": ..., "required": ...}`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import attrs
+
+from .._codec import _spec
+from .._edn import kw
+
+
+def codec_shapes(classes: Iterable[type]) -> dict[Any, Any]:
+    """`:shape/<Class>` -> its keys, each with the codec's type text and whether it is required."""
+    out: dict[Any, Any] = {}
+    for cls in classes:
+        spec = _spec(cls)
+        fields: dict[Any, Any] = {}
+        for name, key, codec in spec.fields:
+            a = attrs.fields_dict(cls)[name]
+            fields[key] = {kw("schema/type"): codec.name, kw("schema/required?"): a.default is attrs.NOTHING}
+        entry: dict[Any, Any] = {kw("schema/keys"): fields}
+        if spec.extras_attr:
+            entry[kw("schema/extra-namespaces")] = [kw(ns) for ns in spec.extras_ns]
+        endpoint = getattr(cls, "endpoint", None)
+        if isinstance(endpoint, str):
+            entry[kw("schema/endpoint")] = kw(endpoint)
+        out[kw("shape/" + cls.__name__)] = entry
+    return out
+
+
+def kind_shapes(tables: Mapping[type, Mapping[str, Any]], kind_text: Mapping[str, str]) -> dict[Any, Any]:
+    """The distributed spec's tables: {class: {"ns/key": _Key(attr, kind, required)}}."""
+    return {kw("shape/" + cls.__name__): {kw("schema/keys"): {
+        kw(key): {kw("schema/type"): kind_text[k.kind], kw("schema/required?"): k.required}
+        for key, k in table.items()}} for cls, table in tables.items()}
