@@ -18,8 +18,8 @@ from typing import Any, TextIO
 
 from .._base_client import API_KEY_ENV, BASE_URL_ENV
 from .._client import AsyncClient
-from .._edn import EdnError, pretty
-from .._model import StreamDelta
+from .._edn import EdnError, dumps, pretty
+from .._model import StreamDelta, to_edn
 from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder,
                      detect_format, iter_entries, journal_path, load_existing)
 from ..dialects import DIALECTS
@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine dialect (default: detect from the server's own endpoints)")
     p.add_argument("--api-key", help=f"bearer token (also ${API_KEY_ENV}); never printed")
     p.add_argument("--stream", action="store_true",
-                   help="stream every request; its deltas are written just before its result")
+                   help="stream every request; on stdout the request at the head of the output prints its "
+                        "deltas as they arrive, others just before their result")
     p.add_argument("--output", "-o", help="write results to this file instead of stdout")
     p.add_argument("--local", action="store_true", help="start a local llama-server (tiny model) for this run")
     p.add_argument("--model", help="GGUF for --local (default: the tiny random test model)")
@@ -178,7 +179,16 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
             await local.ensure(client)
         if (args.stream or req.stream) and out_fmt == "edn":
             s = await client.stream(req, timeout=args.timeout)
-            deltas = [d async for d in s]
+            deltas: list[StreamDelta] = []
+            async for d in s:
+                deltas.append(d)
+                # On stdout, the request at the head of the output prints its deltas as they arrive:
+                # nothing else is written until its record is, so nothing can interleave.
+                if out is sys.stdout and sink.next == e.index:
+                    for x in deltas:
+                        out.write(dumps(to_edn(x)) + "\n")
+                    out.flush()
+                    deltas.clear()
             return s.response, deltas
         return await client.send(req, timeout=args.timeout), []
 
