@@ -306,7 +306,12 @@ _DISCARDED = object()
 
 def read_forms(text: str, source: str = "<string>") -> Iterator[Form]:
     """Yield each top-level form with its position; raises `EdnError` at the first error."""
-    r = _Reader(text, source)
+    return _forms(_Reader(text, source))
+
+
+def _forms(r: "_Reader") -> Iterator[Form]:
+    """Every top-level form a reader holds, located by that reader."""
+    source = r.source
     index = 0
     while True:
         m = r.next()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import IO, Iterator
 
-from .._edn import _DISCARDED, EdnError, Form, _Reader
+from .._edn import EdnError, Form, _forms, _Reader
 
 CHUNK = 1 << 20
 
@@ -35,16 +35,7 @@ class _ShiftedReader(_Reader):
 
 
 def _read_segment(text: str, source: str, line: int, column: int) -> Iterator[Form]:
-    r = _ShiftedReader(text, source, line, column)
-    while True:
-        m = r.next()
-        if m is None:
-            return
-        v = r.read(m)
-        if v is _DISCARDED:
-            continue
-        ln, col = r.where(m.start())
-        yield Form(v, source, ln, col, 0, r)
+    return _forms(_ShiftedReader(text, source, line, column))
 
 
 class FormStream:
