@@ -4,6 +4,7 @@ server is silent, `:unavailable` (nil numbers) where neither knows. Never
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import attrs
@@ -38,9 +39,13 @@ class ClientClock:
 
 
 def _rate(n: int | None, ms: float | None) -> float | None:
-    if n is None or ms is None or ms <= 0:
+    if n is None or ms is None or not ms > 0:
         return None
-    return round(n * 1000.0 / ms, 3)
+    try:
+        rate = n * 1000.0 / ms
+    except OverflowError:
+        return None
+    return round(rate, 3) if math.isfinite(rate) else None
 
 
 def _fig(provenance: str, tokens: int | None = None, ms: float | None = None,
@@ -51,17 +56,38 @@ def _fig(provenance: str, tokens: int | None = None, ms: float | None = None,
                   tokens_per_s=rate, gaps_ms=gaps)
 
 
+# Past these a server figure is garbage, not a measurement (and a float could not hold it exactly).
+MAX_TOKENS = 2**53
+MAX_FIGURE = 1e15
+
+
+def server_count(v: Any) -> int | None:
+    """A token count a server reported: a whole number in range, else unknown (None)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        return None
+    return int(v) if 0 <= v <= MAX_TOKENS else None
+
+
+def server_figure(v: Any) -> float | None:
+    """A duration or rate a server reported: finite, non-negative and plausible, else unknown (None)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) and 0 <= x <= MAX_FIGURE else None
+
+
 def llamacpp_server_timings(t: Any) -> ServerTimings | None:
     """llama.cpp's `timings` object (`prompt_n`, `prompt_ms`, `predicted_n`, `predicted_ms`, `cache_n`)."""
     if not isinstance(t, dict):
         return None
-
-    def num(k: str) -> Any:
-        v = t.get(k)
-        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    return ServerTimings(prompt_n=num("prompt_n"), prompt_ms=num("prompt_ms"), predicted_n=num("predicted_n"),
-                         predicted_ms=num("predicted_ms"), cached_n=num("cache_n"))
+    return ServerTimings(prompt_n=server_count(t.get("prompt_n")), prompt_ms=server_figure(t.get("prompt_ms")),
+                         predicted_n=server_count(t.get("predicted_n")),
+                         predicted_ms=server_figure(t.get("predicted_ms")), cached_n=server_count(t.get("cache_n")))
 
 
 def sglang_server_timings(meta: Any) -> ServerTimings | None:
@@ -70,19 +96,15 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
     and `decode_throughput` (tokens/s). `e2e_latency` mixes prefill into the wall clock: not a rate."""
     if not isinstance(meta, dict):
         return None
-
-    def num(k: str) -> Any:
-        v = meta.get(k)
-        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    prompt, cached = num("prompt_tokens"), num("cached_tokens")
-    launch = num("prefill_launch_latency")
-    computed = prompt - cached if prompt is not None and cached is not None else prompt
+    prompt, cached = server_count(meta.get("prompt_tokens")), server_count(meta.get("cached_tokens"))
+    launch = server_figure(meta.get("prefill_launch_latency"))
+    computed = prompt - cached if prompt is not None and cached is not None and cached <= prompt else prompt
+    throughput = server_figure(meta.get("decode_throughput"))
     return ServerTimings(
         prompt_n=computed,
         prompt_ms=launch * 1000.0 if launch is not None and launch > 0 else None,
-        predicted_n=num("completion_tokens"), cached_n=cached,
-        predicted_per_s=num("decode_throughput") if (num("decode_throughput") or 0) > 0 else None)
+        predicted_n=server_count(meta.get("completion_tokens")), cached_n=cached,
+        predicted_per_s=throughput if throughput else None)
 
 
 def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:
@@ -91,7 +113,8 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     # prefix (llama.cpp's `prompt_n` already excludes it).
     prompt_n = s.prompt_n
     if prompt_n is None and usage is not None and usage.prompt_tokens is not None:
-        prompt_n = usage.prompt_tokens - (usage.cached_tokens or 0)
+        computed = usage.prompt_tokens - (usage.cached_tokens or 0)
+        prompt_n = computed if computed >= 0 else None  # more cached than prompted: the counts disagree
     completion_n = s.predicted_n if s.predicted_n is not None else (usage.completion_tokens if usage else None)
 
     if s.prompt_ms is not None:

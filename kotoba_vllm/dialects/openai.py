@@ -470,7 +470,8 @@ def json_chunk(data: str) -> Any:
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    """A count or index from the server: a non-negative int a float can hold, else unknown."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**53 else None
 
 
 def _str(v: Any) -> str | None:
