@@ -2,8 +2,9 @@
 
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._edn import EdnError, Keyword, dumps, kw, pretty, read_file, read_forms
-from ._errors import (AdmissionRejected, BadRequest, KotobaError, NotReady, ProtocolError, RequestTimeout,
-                      ServerError, ServerFailure, StreamBroken, TransportError, Unreachable, ValidationError)
+from ._errors import (AdmissionRejected, BadRequest, InternalError, KotobaError, NotReady, ProtocolError,
+                      RequestTimeout, ServerError, ServerFailure, StreamBroken, TransportError, Unreachable,
+                      ValidationError)
 from ._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, DetokenizeResponse,
                      EmbeddingRequest, EmbeddingResponse, Figure, GenerateRequest, Health, Message, ModelInfo,
                      ModelsResponse, Response, Sampling, StreamDelta, Timings, TokenizeRequest, TokenizeResponse,
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdmissionRejected", "AsyncClient", "AsyncStream", "BadRequest", "ChatRequest", "Choice", "Client",
     "CompletionRequest", "ContentPart", "DetokenizeRequest", "DetokenizeResponse", "EdnError", "EmbeddingRequest",
-    "EmbeddingResponse", "Figure", "GenerateRequest", "Health", "HttpRequest", "Keyword", "KotobaError", "Message",
+    "EmbeddingResponse", "Figure", "GenerateRequest", "Health", "HttpRequest", "InternalError", "Keyword", "KotobaError", "Message",
     "ModelInfo", "ModelsResponse", "NotReady", "Problem", "ProtocolError", "RequestTimeout", "Response", "Sampling",
     "ServerError", "ServerFailure", "Stream", "StreamBroken", "StreamDelta", "Timings", "TokenizeRequest",
     "TokenizeResponse", "ToolCall", "TransportError", "Unreachable", "Usage", "ValidationError", "__version__",

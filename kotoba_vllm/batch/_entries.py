@@ -8,6 +8,7 @@ from typing import IO, Any, Iterator
 import attrs
 
 from .._edn import EdnError, kw
+from .._errors import InternalError
 from .._model import Request
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
@@ -57,9 +58,14 @@ def iter_edn_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
             where = f"{f.source}:{f.line}:{f.column}"
             yield BatchEntry(i, where, None, (Problem("error", "edn/syntax", f.msg, where=where),))
             continue
-        req, problems = request_from_edn(f.value, f)
-        if req is not None:  # engine-independent checks now, so their problems name the key's line
-            problems = problems + locate_problems(request_problems(req), f)
+        try:
+            req, problems = request_from_edn(f.value, f)
+            if req is not None:  # engine-independent checks now, so their problems name the key's line
+                problems = problems + locate_problems(request_problems(req), f)
+        except Exception as exc:  # a reader bug costs this form its request, never the run its records
+            msg = InternalError.from_exception(exc, during="while reading this request").message
+            yield BatchEntry(i, f.where, None, (Problem("error", "request/internal", msg, where=f.where),))
+            continue
         yield BatchEntry(i, f.where, req, tuple(problems))
 
 
