@@ -341,6 +341,7 @@ class BaseClient:
         if self.__api_key:
             h["authorization"] = f"Bearer {self.__api_key}"
         self._headers = h
+        self._has_key = "authorization" in h  # a caller's own http client may carry one too (see subclasses)
         self._urls: dict[str, httpx.URL] = {}  # see `_url`
         self.resends = 0  # requests sent again after a stale keep-alive connection (see `_resend`)
 
@@ -360,7 +361,7 @@ class BaseClient:
 
     def _key_withheld(self, base: str) -> bool:
         """True when a key is set and `base` is outside the configured origins."""
-        return "authorization" in self._headers and not self.trusted.allows(base)
+        return self._has_key and not self.trusted.allows(base)
 
 
     def _probe_request(self, base: str, path: str) -> httpx.Request:

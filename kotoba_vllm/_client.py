@@ -171,6 +171,7 @@ class Client(BaseClient):
         self._http = http_client or httpx.Client(timeout=self.timeout, verify=verify, limits=_limits(),
                                                  headers=self._headers)
         self._request_headers = self._headers if http_client is not None else None
+        self._has_key = self._has_key or "authorization" in self._http.headers
 
     # ------------------------------------------------------------ lifecycle
 
@@ -329,6 +330,7 @@ class AsyncClient(BaseClient):
         self._http = http_client or httpx.AsyncClient(timeout=self.timeout, verify=verify, limits=_limits(),
                                                       headers=self._headers)
         self._request_headers = self._headers if http_client is not None else None
+        self._has_key = self._has_key or "authorization" in self._http.headers
 
     async def aclose(self) -> None:
         await self._http.aclose()

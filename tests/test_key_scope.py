@@ -184,3 +184,11 @@ def test_origins_are_scheme_host_port() -> None:
     assert t.allows("https://A.example:443/v1") and not t.allows("http://a.example")
     assert not t.allows("https://a.example.evil.test") and not t.allows("https://a.example:8443")
     assert origin_of("not a url") is None and origin_of("http://[::1]:80/x") == ("http", "::1", 80)
+
+
+def test_a_callers_own_http_client_key_is_withheld_too(other: FaultServer) -> None:
+    import httpx
+    own = httpx.Client(headers={"Authorization": f"Bearer {KEY}"})
+    with Client("http://127.0.0.1:9", backend="vllm", http_client=own) as c, pytest.raises(BadRequest) as ei:
+        c.send(edn_request(other.base_url))
+    assert auth_seen(other) == [None] and "withheld" in ei.value.message
