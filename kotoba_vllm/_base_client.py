@@ -363,7 +363,6 @@ class BaseClient:
         """True when a key is set and `base` is outside the configured origins."""
         return self._has_key and not self.trusted.allows(base)
 
-
     def _probe_request(self, base: str, path: str) -> httpx.Request:
         """A detection GET: the key goes along only to a configured origin."""
         request = self._http.build_request("GET", base + path, headers=self._headers,  # type: ignore[attr-defined]
