@@ -11,13 +11,14 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
 
+import attrs
 import httpx
 
 from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, Plan, SseDecoder,
                            StreamRun, decide_backend, may_resend, not_event_stream, transport_error)
 from ._errors import KotobaError, ProtocolError
-from ._model import (DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
-                     ModelsResponse, Response, StreamDelta, TokenizeRequest, TokenizeResponse)
+from ._model import (DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health, ModelsResponse,
+                     Response, StreamDelta, TokenizeRequest, TokenizeResponse)
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
 
@@ -240,7 +241,6 @@ class Client(BaseClient):
 
     def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> Stream:
         """Open a stream for a typed request or EDN map (streaming is switched on)."""
-        import attrs
         req = self._to_request(request)
         if not req.stream:
             req = attrs.evolve(req, stream=True)  # type: ignore[misc]
@@ -384,7 +384,6 @@ class AsyncClient(BaseClient):
         return self._finish(plan, r.status_code, r.headers, r.content, sent)
 
     async def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> AsyncStream:
-        import attrs
         req = self._to_request(request)
         if not req.stream:
             req = attrs.evolve(req, stream=True)  # type: ignore[misc]

@@ -16,20 +16,13 @@ from typing import Any, Callable, Iterable, TypeVar
 import attrs
 import cattrs
 
-from ._edn import Char, Form, Keyword, Symbol, kw
+from ._edn import Char, Form, Keyword, Symbol, dumps, kw
+from ._errors import StructureError
 from ._problems import Problem
 
 T = TypeVar("T")
 
 edn_converter = cattrs.Converter()
-
-
-class StructureError(ValueError):
-    """The EDN could not become the typed value; `problems` says where and why."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
 
 
 class Ctx:
@@ -205,7 +198,6 @@ ANY = Codec()
 
 
 def describe(v: Any) -> str:
-    from ._edn import dumps
 
     try:
         text = dumps(v)
@@ -258,13 +250,13 @@ def edn_to_json(v: Any) -> Any:
 def json_to_edn(v: Any) -> Any:
     """JSON value -> EDN data: object keys become plain keywords (`{"prompt_n": 4}` -> `{:prompt_n 4}`)."""
     if isinstance(v, dict):
-        return {kw(k) if _plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
+        return {kw(k) if plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
     if isinstance(v, list):
         return [json_to_edn(x) for x in v]
     return v
 
 
-def _plain_key(k: Any) -> bool:
+def plain_key(k: Any) -> bool:
     # ASCII only: the EDN reader (and Clojure's) takes no other letters in a keyword
     return isinstance(k, str) and bool(k) and k.isascii() and k.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() \
         and not k[0].isdigit()
@@ -310,7 +302,7 @@ class _Spec:
 _SPECS: dict[type, _Spec] = {}
 
 
-def _spec(cls: type) -> _Spec:
+def class_spec(cls: type) -> _Spec:
     s = _SPECS.get(cls)
     if s is None:
         s = _SPECS[cls] = _Spec(cls)
@@ -318,7 +310,7 @@ def _spec(cls: type) -> _Spec:
 
 
 def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Keyword] = ()) -> T | None:
-    spec = _spec(cls)
+    spec = class_spec(cls)
     kwargs: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     before = len(ctx.problems)
@@ -358,7 +350,7 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Key
 
 
 def _unstructure(obj: Any) -> dict[Keyword, Any]:
-    spec = _spec(type(obj))
+    spec = class_spec(type(obj))
     out: dict[Keyword, Any] = {}
     for name, k, codec in spec.fields:
         v = getattr(obj, name)
@@ -372,7 +364,7 @@ def _unstructure(obj: Any) -> dict[Keyword, Any]:
 
 def register(cls: type[T]) -> type[T]:
     """Class decorator: register EDN hooks for an attrs class on `edn_converter`."""
-    _spec(cls)
+    class_spec(cls)
     edn_converter.register_unstructure_hook(cls, _unstructure)
 
     def structure(m: Any, _: type) -> Any:

@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator, TextIO
 
 from edn_format import Char, Keyword, Symbol
 
+from ._errors import EdnError, EdnWriteError
+
 __all__ = [
     "Char", "EdnError", "Form", "Keyword", "Symbol", "dumps", "kw",
     "pretty", "read_all", "read_file", "read_forms", "read_one",
@@ -39,19 +41,6 @@ def kw(name: str) -> Keyword:
     return k
 
 
-class EdnError(ValueError):
-    """Bad EDN text, located: `source:line:column: message`."""
-
-    def __init__(self, msg: str, source: str = "<string>", line: int = 0, column: int = 0) -> None:
-        self.msg, self.source, self.line, self.column = msg, source, line, column
-        super().__init__(f"{source}:{line}:{column}: {msg}")
-
-    def to_edn(self) -> dict[Keyword, Any]:
-        return {kw("vllm/error"): kw("edn-syntax"), kw("vllm/message"): self.msg,
-                kw("vllm/source"): self.source, kw("vllm/line"): self.line,
-                kw("vllm/column"): self.column}
-
-
 class Form:
     """One top-level form and where it started."""
 
@@ -71,6 +60,11 @@ class Form:
     @property
     def where(self) -> str:
         return f"{self.source}:{self.line}:{self.column}"
+
+    def nested(self, value: Any) -> Form:
+        """A form for `value`, read inside this one (an element of a top-level vector): it is
+        located where this form starts, and the keys of maps inside it stay locatable."""
+        return Form(value, self.source, self.line, self.column, 0, self._reader)
 
     def __repr__(self) -> str:
         return f"Form({self.value!r} @ {self.where})"
@@ -304,9 +298,24 @@ class _Reader:
 _DISCARDED = object()
 
 
-def read_forms(text: str, source: str = "<string>") -> Iterator[Form]:
-    """Yield each top-level form with its position; raises `EdnError` at the first error."""
-    return _forms(_Reader(text, source))
+class _ShiftedReader(_Reader):
+    """`_Reader` whose positions are those of the whole file, not the segment it reads."""
+
+    def __init__(self, text: str, source: str, line: int, column: int) -> None:
+        super().__init__(text, source)
+        self.base_line, self.base_column = line, column
+
+    def where(self, pos: int) -> tuple[int, int]:
+        line, col = super().where(pos)
+        return line + self.base_line - 1, col + (self.base_column - 1 if line == 1 else 0)
+
+
+def read_forms(text: str, source: str = "<string>", *, line: int = 1, column: int = 1) -> Iterator[Form]:
+    """Yield each top-level form with its position; raises `EdnError` at the first error.
+    `line`/`column`: where `text` starts in `source` (a segment of a larger file)."""
+    if line == 1 and column == 1:
+        return _forms(_Reader(text, source))
+    return _forms(_ShiftedReader(text, source, line, column))
 
 
 def _forms(r: "_Reader") -> Iterator[Form]:
@@ -427,7 +436,7 @@ def dumps(v: Any) -> str:
     to_edn = getattr(v, "to_edn", None)
     if to_edn is not None:
         return dumps(to_edn())
-    raise TypeError(f"cannot write {type(v).__name__} as EDN")
+    raise EdnWriteError(f"cannot write {type(v).__name__} as EDN")
 
 
 def pretty(v: Any, width: int = 88, indent: int = 0) -> str:

@@ -1,4 +1,4 @@
-"""Every error the client raises, each with `.to_edn()`.
+"""Every error kotoba-vllm raises on purpose, each with `.to_edn()`. One root: `KotobaError`.
 
     KotobaError
     ├── ValidationError          problems found before sending; nothing was sent
@@ -11,17 +11,32 @@
     │   ├── NotReady             503 while the model loads
     │   ├── BadRequest           4xx: the engine's own message and type kept
     │   └── ServerFailure        other 5xx
-    └── ProtocolError            malformed JSON or SSE; the offending bytes kept
+    ├── ProtocolError            malformed JSON or SSE; the offending bytes kept
+    ├── EdnError                 EDN text that does not read: `source:line:column: why`   (also a ValueError)
+    ├── EdnWriteError            a value with no EDN form was given to the writer           (also a TypeError)
+    ├── StructureError           EDN that reads but is not the typed shape; located problems (also a ValueError)
+    ├── ConfigError              an argument or config file that cannot be used (pool file, backend name)
+    │                                                                                       (also a ValueError)
+    ├── CassetteError            a cassette file without the cassette shape (file and key)  (also a ValueError)
+    ├── PromptError              a bench prompt file that is not prompts                    (also a ValueError)
+    ├── Unparsable               a capacity endpoint answered with something unreadable     (also a ValueError)
+    └── LocalServerError         a local llama.cpp binary is missing or failed to start     (also a RuntimeError)
 
-Admission answers are never retried by the client: one call, one HTTP request.
+The second bases keep `except ValueError` callers working. Admission answers are never retried
+by the client: one call, one HTTP request.
+
+This module sits below the EDN reader (which raises `EdnError`), so it names keywords with
+`edn_format.Keyword` directly rather than through `_edn.kw`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._edn import Keyword, kw
-from ._problems import Problem
+from edn_format import Keyword
+
+if TYPE_CHECKING:  # _problems imports _edn, which imports this module
+    from ._problems import Problem
 
 _MAX_RAW = 4096
 REDACTED = "<redacted>"
@@ -67,12 +82,12 @@ class KotobaError(Exception):
         return {}
 
     def to_edn(self) -> dict[Keyword, Any]:
-        out: dict[Keyword, Any] = {kw("vllm/error"): kw(self.kind), kw("vllm/message"): self.message}
+        out: dict[Keyword, Any] = {Keyword("vllm/error"): Keyword(self.kind), Keyword("vllm/message"): self.message}
         if self.endpoint is not None:
-            out[kw("vllm/endpoint-url")] = self.endpoint
+            out[Keyword("vllm/endpoint-url")] = self.endpoint
         for k, v in self._fields().items():
             if v is not None:
-                out[kw(k)] = _redact_edn(v)
+                out[Keyword(k)] = _redact_edn(v)
         return out
 
     def __repr__(self) -> str:
@@ -120,7 +135,7 @@ class RequestTimeout(TransportError):
         self.phase, self.limit_s, self.partial_text = phase, limit_s, partial_text
 
     def _fields(self) -> dict[str, Any]:
-        return {"vllm/timeout-phase": kw(self.phase), "vllm/timeout-s": self.limit_s,
+        return {"vllm/timeout-phase": Keyword(self.phase), "vllm/timeout-s": self.limit_s,
                 "vllm/partial-text": self.partial_text}
 
 
@@ -167,7 +182,7 @@ class AdmissionRejected(ServerError):
         self.reason, self.retry_after_s, self.sent, self.capacity = reason, retry_after_s, sent, capacity
 
     def _fields(self) -> dict[str, Any]:
-        out = {"vllm/reason": kw(self.reason), "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
+        out = {"vllm/reason": Keyword(self.reason), "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
         out.update(super()._fields())
         out["vllm/capacity"] = self.capacity
         return out
@@ -198,5 +213,69 @@ class ProtocolError(KotobaError):
         return {"vllm/offending": self.offending, "vllm/partial-text": self.partial_text}
 
 
+class EdnError(KotobaError, ValueError):
+    """Bad EDN text, located: `source:line:column: message`."""
+
+    kind = "edn-syntax"
+
+    def __init__(self, msg: str, source: str = "<string>", line: int = 0, column: int = 0) -> None:
+        self.msg, self.source, self.line, self.column = msg, source, line, column
+        super().__init__(f"{source}:{line}:{column}: {msg}")
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}:{self.column}"
+
+    def to_edn(self) -> dict[Keyword, Any]:
+        return {Keyword("vllm/error"): Keyword(self.kind), Keyword("vllm/message"): self.msg,
+                Keyword("vllm/source"): self.source, Keyword("vllm/line"): self.line,
+                Keyword("vllm/column"): self.column}
+
+
+class EdnWriteError(KotobaError, TypeError):
+    kind = "edn-write"
+
+
+class StructureError(KotobaError, ValueError):
+    """The EDN could not become the typed value; `problems` says where and why."""
+
+    kind = "structure"
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("; ".join(str(p) for p in problems) or "bad structure")
+        self.problems = problems
+
+    def _fields(self) -> dict[str, Any]:
+        return {"vllm/problems": [p.to_edn() for p in self.problems]}
+
+
+class ConfigError(KotobaError, ValueError):
+    kind = "config"
+
+
+class CassetteError(KotobaError, ValueError):
+    """A cassette file that does not have the cassette shape (names the file and the key)."""
+
+    kind = "cassette"
+
+
+class PromptError(KotobaError, ValueError):
+    kind = "prompt"
+
+
+class Unparsable(KotobaError, ValueError):
+    """The probe answered, but not with something we can read as capacity."""
+
+    kind = "unparsable"
+
+
+class LocalServerError(KotobaError, RuntimeError):
+    """A local llama.cpp binary is missing, or a server failed to start."""
+
+    kind = "local-server"
+
+
 ALL_ERRORS = (KotobaError, ValidationError, TransportError, Unreachable, RequestTimeout, StreamBroken,
-              ServerError, AdmissionRejected, NotReady, BadRequest, ServerFailure, ProtocolError)
+              ServerError, AdmissionRejected, NotReady, BadRequest, ServerFailure, ProtocolError,
+              EdnError, EdnWriteError, StructureError, ConfigError, CassetteError, PromptError, Unparsable,
+              LocalServerError)

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import attrs
 
 from ._edn import Keyword, kw, pretty, read_file
+from ._errors import CassetteError
 
 ENGINES = ("llamacpp", "vllm", "sglang", "router")
 HOWS = ("recorded", "derived")
@@ -33,10 +34,6 @@ HOWS = ("recorded", "derived")
 KEPT_HEADERS = ("content-type", "retry-after", "content-length", "transfer-encoding", "x-request-id")
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "tests" / "cassettes"
-
-
-class CassetteError(ValueError):
-    """A cassette file that does not have the cassette shape (names the file and the key)."""
 
 
 @attrs.frozen

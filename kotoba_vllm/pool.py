@@ -26,11 +26,11 @@ from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 import attrs
 import httpx
 
-from ._base_client import server_root
+from ._base_client import api_key_or_env, chat_request, client_headers, server_root, to_request
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._codec import KW, MANY, NUM, STR
 from ._edn import Keyword, kw, read_file
-from ._errors import AdmissionRejected
+from ._errors import AdmissionRejected, ConfigError
 from ._model import BACKENDS, Request, StreamDelta
 from .capacity._affinity import Affinity
 from .capacity._answer import PoolCapacity
@@ -56,23 +56,23 @@ class PoolConfig:
 def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
     """Read a pool map; raises ValueError naming the key."""
     if not isinstance(m, dict):
-        raise ValueError(f"{where}: a pool is a map with :pool/members")
+        raise ConfigError(f"{where}: a pool is a map with :pool/members")
     known = {kw(a.metadata["edn"]) for a in attrs.fields(PoolConfig)}
     unknown = [k for k in m if k not in known]
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {' '.join(str(k) for k in unknown)}")
+        raise ConfigError(f"{where}: unknown key(s) {' '.join(str(k) for k in unknown)}")
     members = m.get(kw("pool/members"))
     if not isinstance(members, (list, tuple)) or not members or not all(isinstance(u, str) for u in members):
-        raise ValueError(f"{where}: :pool/members must be a non-empty vector of URL strings")
+        raise ConfigError(f"{where}: :pool/members must be a non-empty vector of URL strings")
     backend = m.get(kw("pool/backend"), kw("auto"))
     if not isinstance(backend, Keyword) or backend.name not in ("auto", *BACKENDS):
-        raise ValueError(f"{where}: :pool/backend must be one of :auto {' '.join(':' + b for b in BACKENDS)}")
+        raise ConfigError(f"{where}: :pool/backend must be one of :auto {' '.join(':' + b for b in BACKENDS)}")
     t = m.get(kw("pool/probe-timeout-s"))
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
-        raise ValueError(f"{where}: :pool/probe-timeout-s must be a positive number")
+        raise ConfigError(f"{where}: :pool/probe-timeout-s must be a positive number")
     model = m.get(kw("pool/model"))
     if model is not None and not isinstance(model, str):
-        raise ValueError(f"{where}: :pool/model must be a string")
+        raise ConfigError(f"{where}: :pool/model must be a string")
     return PoolConfig(tuple(members), backend.name, None if t is None else float(t), model)
 
 
@@ -80,7 +80,7 @@ def load_pool_config(path: str) -> PoolConfig:
     """Raises `EdnError` (located) or ValueError."""
     forms = read_file(path)
     if len(forms) != 1:
-        raise ValueError(f"{path}: expected exactly one pool map, found {len(forms)} forms")
+        raise ConfigError(f"{path}: expected exactly one pool map, found {len(forms)} forms")
     return pool_config_from_edn(forms[0].value, forms[0].where)
 
 
@@ -92,12 +92,12 @@ class _PoolCore:
                  affinity_entries: int) -> None:
         members = [server_root(u) for u in base_urls]  # ".../v1" names the same server
         if not members:
-            raise ValueError("a pool needs at least one member URL")
+            raise ConfigError("a pool needs at least one member URL")
         dupes = sorted({u for u in members if members.count(u) > 1})
         if dupes:
-            raise ValueError(f"duplicate pool member(s): {', '.join(dupes)}")
+            raise ConfigError(f"duplicate pool member(s): {', '.join(dupes)}")
         if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+            raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
         self.members: tuple[str, ...] = tuple(members)
         self.backend = backend
         self.probe_timeout = probe_timeout if isinstance(probe_timeout, httpx.Timeout) else (
@@ -116,7 +116,7 @@ class _PoolCore:
     def _teach(self, client: Any, member: str) -> None:
         b = self._detected.get(member)
         if b is not None and self.backend == "auto":
-            client._detected.setdefault(member, b)  # the probe already detected it: no second detection
+            client.learn_backend(member, b)  # the probe already detected it: no second detection
 
     def _decide(self, cap: PoolCapacity, req: Request, conversation: str | None) -> Admission:
         self.last_capacity = cap
@@ -193,10 +193,11 @@ class Pool(_PoolCore):
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
                  affinity_entries: int = 4096) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+        self.model = model
         self.clients: dict[str, Client] = {
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
             for u in self.members}
-        self._probe_headers = dict(self.clients[self.members[0]]._headers)
+        self._probe_headers = client_headers(api_key_or_env(api_key), headers)
         self._probe_http = httpx.Client(timeout=self.probe_timeout)
         self._executor = ThreadPoolExecutor(max_workers=min(32, 4 * len(self.members)),
                                             thread_name_prefix="kotoba-capacity")
@@ -227,8 +228,7 @@ class Pool(_PoolCore):
         return merge_pool_capacity(answers, at=now_iso())
 
     def _admit(self, request: Any, conversation: str | None) -> tuple[Request, Admission, PoolCapacity, Client]:
-        first = self.clients[self.members[0]]
-        req = self._for_pool(first._to_request(request))
+        req = self._for_pool(to_request(request))
         cap = self.capacity()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
@@ -258,15 +258,13 @@ class Pool(_PoolCore):
 
     def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
              timeout: float | None = None, **sampling: Any) -> Any:
-        first = self.clients[self.members[0]]
-        return self.send(first._chat_request(messages, model, None, False, sampling, None), timeout=timeout,
-                         conversation=conversation)
+        req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
+        return self.send(req, timeout=timeout, conversation=conversation)
 
     def stream_chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
                     timeout: float | None = None, **sampling: Any) -> PoolStream:
-        first = self.clients[self.members[0]]
-        return self.stream(first._chat_request(messages, model, None, True, sampling, None), timeout=timeout,
-                           conversation=conversation)
+        req = chat_request(messages, model if model is not None else self.model, None, True, sampling, None)
+        return self.stream(req, timeout=timeout, conversation=conversation)
 
 
 # ------------------------------------------------------------------ async
@@ -317,10 +315,11 @@ class AsyncPool(_PoolCore):
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
                  affinity_entries: int = 4096) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+        self.model = model
         self.clients: dict[str, AsyncClient] = {
             u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
             for u in self.members}
-        self._probe_headers = dict(self.clients[self.members[0]]._headers)
+        self._probe_headers = client_headers(api_key_or_env(api_key), headers)
         self._probe_http = httpx.AsyncClient(timeout=self.probe_timeout)
 
     @classmethod
@@ -349,8 +348,7 @@ class AsyncPool(_PoolCore):
 
     async def _admit(self, request: Any, conversation: str | None
                      ) -> tuple[Request, Admission, PoolCapacity, AsyncClient]:
-        first = self.clients[self.members[0]]
-        req = self._for_pool(first._to_request(request))
+        req = self._for_pool(to_request(request))
         cap = await self.capacity()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
@@ -378,9 +376,8 @@ class AsyncPool(_PoolCore):
 
     async def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
                    timeout: float | None = None, **sampling: Any) -> Any:
-        first = self.clients[self.members[0]]
-        return await self.send(first._chat_request(messages, model, None, False, sampling, None), timeout=timeout,
-                               conversation=conversation)
+        req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
+        return await self.send(req, timeout=timeout, conversation=conversation)
 
 
 __all__ = ["AsyncPool", "AsyncPoolStream", "Pool", "PoolConfig", "PoolStream", "load_pool_config",

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from .._edn import Keyword, kw
+from ..cassettes import sse_payloads
 
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
 # Gauges the capacity probes read from each engine's /metrics: a re-recording without one fails.
@@ -91,7 +92,6 @@ def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> d
 
 
 def _payloads(raw: bytes) -> list[Any]:
-    from ..cassettes import sse_payloads
     out = []
     for p in sse_payloads(raw):
         if p.strip() == "[DONE]":

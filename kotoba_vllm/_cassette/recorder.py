@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 import attrs
 import httpx
 
 from .._edn import Keyword, kw
+from .._errors import ValidationError
 from .._requests import request_from_edn
-from ..cassettes import KEPT_HEADERS, Cassette
+from ..cassettes import KEPT_HEADERS, Cassette, write_cassette
 from ..dialects import get_dialect
+from ..local import LlamaServer, build_string
 from .expect import expect_for
 
 RECORD_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
@@ -131,7 +134,7 @@ def _wire(ex: Exchange, backend: str) -> tuple[str, str, bytes | None, str | Non
     assert ex.request is not None
     req, problems = request_from_edn(ex.request)
     if req is None:
-        raise ValueError(f"{ex.name}: {problems}")
+        raise ValidationError(problems)
     http = get_dialect(backend).render(req)
     body = None if http.body is None else json.dumps(http.body, ensure_ascii=False, separators=(",", ":")).encode()
     return http.method, http.path, body, req.endpoint
@@ -204,10 +207,7 @@ LOCAL_SERVER = {"n_ctx": 1024, "parallel": 2, "embeddings": True, "extra_args": 
 
 def record_local(out_dir: Any, log: Callable[[str], None] = lambda s: None) -> list[Any]:
     """Start a local llama-server, record the whole llama.cpp set into `out_dir`, stop it."""
-    from pathlib import Path
 
-    from ..cassettes import write_cassette
-    from ..local import LlamaServer, build_string
     out = Path(out_dir)
     with LlamaServer(**LOCAL_SERVER) as srv:  # type: ignore[arg-type]
         cassettes = record(srv.base_url, "llamacpp", llamacpp_exchanges(embeddings=True), build=build_string(),

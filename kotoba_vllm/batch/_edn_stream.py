@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import IO, Iterator
 
-from .._edn import EdnError, Form, _forms, _Reader
+from .._edn import EdnError, Form, read_forms
 
 CHUNK = 1 << 20
 
@@ -22,20 +22,8 @@ _SCAN = re.compile(r'"(?:[^"\\]|\\.)*"|(?P<open_str>")|;[^\n]*|\\.|(?P<open_char
 _FIRST = re.compile(r"(?:[\s,]+|;[^\n]*)*")
 
 
-class _ShiftedReader(_Reader):
-    """`_Reader` whose positions are those of the whole file, not the segment."""
-
-    def __init__(self, text: str, source: str, line: int, column: int) -> None:
-        super().__init__(text, source)
-        self.base_line, self.base_column = line, column
-
-    def where(self, pos: int) -> tuple[int, int]:
-        line, col = super().where(pos)
-        return line + self.base_line - 1, col + (self.base_column - 1 if line == 1 else 0)
-
-
 def _read_segment(text: str, source: str, line: int, column: int) -> Iterator[Form]:
-    return _forms(_ShiftedReader(text, source, line, column))
+    return read_forms(text, source, line=line, column=column)
 
 
 class FormStream:

@@ -173,7 +173,7 @@ def render_table(report: BenchReport) -> str:
 def plot(report: BenchReport, path: str) -> None:
     """Latency distributions per endpoint (and concurrency), and the separated rates beside the
     misleading one. The Agg backend: no display needed."""
-    import matplotlib
+    import matplotlib  # optional (plot/bench extra) and slow to import: only when plotting
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import httpx
 
 from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend, server_root
+from .._errors import ConfigError
 from .._model import BACKENDS
 from ..dialects._http import decode_json
 from ._answer import CapacityAnswer, PoolCapacity
@@ -65,7 +66,7 @@ def detect_from(got: Sequence[Fetched]) -> tuple[str | None, str | None]:
 
 def _check_backend(backend: str) -> None:
     if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+        raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
 
 
 def _plan(endpoints: Sequence[str], backends: Sequence[str]) -> list[Job]:
@@ -88,7 +89,7 @@ def _normalise(endpoints: Sequence[str], backend: str | Sequence[str]) -> tuple[
     eps = [server_root(e) for e in endpoints]  # an OpenAI-style ".../v1" is the same server
     bs = [backend] * len(eps) if isinstance(backend, str) else list(backend)
     if len(bs) != len(eps):
-        raise ValueError("one backend per endpoint")
+        raise ConfigError("one backend per endpoint")
     for b in bs:
         _check_backend(b)
     return eps, bs

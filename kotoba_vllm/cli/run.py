@@ -16,13 +16,17 @@ import signal
 import sys
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
 from .._base_client import API_KEY_ENV, BASE_URL_ENV
 from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
 from .._model import StreamDelta, to_edn
-from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder,
-                     detect_format, iter_entries, journal_path, load_existing)
+from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder, detect_format,
+                     iter_entries, journal_path, load_existing)
 from ..dialects import DIALECTS
+from ..local import LlamaServer, LocalServerError
+from ..pool import AsyncPool, load_pool_config
 
 HELP = "Send every request in an EDN or batch-JSONL file, N at a time; one result per request, in order."
 
@@ -70,7 +74,6 @@ class _LocalOnDemand:
         async with self._lock:
             if self.server is not None:
                 return
-            from ..local import LlamaServer, LocalServerError
             try:
                 self.server = await asyncio.to_thread(lambda: LlamaServer(self.model, n_ctx=2048).start())
             except LocalServerError as e:
@@ -89,11 +92,6 @@ def _make_client(args: argparse.Namespace, urls: list[str]) -> Any:
     URLs or a pool file are given; both have the same send/stream."""
     kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout}
     if len(urls) > 1 or args.pool:
-        try:
-            from ..pool import AsyncPool, load_pool_config
-        except ImportError:  # pragma: no cover - pool not built in this tree
-            print("error: several --base-url or --pool need kotoba_vllm.pool", file=sys.stderr)
-            raise SystemExit(2) from None
         if args.pool:
             try:
                 config = load_pool_config(args.pool)
@@ -168,7 +166,6 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     client = _make_client(backend_args, urls)
     progress = None
     if not args.no_progress:
-        from tqdm import tqdm
         progress = tqdm(unit="req", desc="batch", file=sys.stderr, disable=None, mininterval=0.5,
                         initial=len(existing.done))
 
@@ -197,7 +194,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     loop = asyncio.get_running_loop()
 
     def on_signal(signame: str) -> None:
-        if runner._stops == 0:
+        if not runner.stopping:
             print(f"\n;; {signame}: sending nothing new; waiting for {runner.in_flight} in flight "
                   f"(again to abandon them)", file=sys.stderr)
         runner.stop()

@@ -159,7 +159,7 @@ def _no_where(path: Sequence[Any]) -> str | None:
 
 # ---------------------------------------------------------------- validation
 
-_KIND_TEXT = {
+KIND_TEXT = {
     "str": "a string", "pos-int": "a positive integer", "nat-int": "a non-negative integer",
     "port": "a port number 1-65535", "pos-num": "a positive number", "nat-num": "a non-negative number",
     "bool": "true or false", "inst": "an #inst", "engine": "one of " + ", ".join(":" + e for e in ENGINES),
@@ -222,20 +222,20 @@ class _V:
             self.value(v, table[name].kind, path + (name,), name)
         for name, key in table.items():
             if key.required and name not in seen:
-                self.err("dist/missing-key", f"{label}: :{name} is required ({_KIND_TEXT[key.kind]})", name, path)
+                self.err("dist/missing-key", f"{label}: :{name} is required ({KIND_TEXT[key.kind]})", name, path)
 
     def value(self, v: Any, kind: str, path: tuple, field: str) -> None:
         ok = _SCALAR_OK.get(kind)
         if ok is not None:
             if not ok(v):
-                self.err("dist/type", f":{field} must be {_KIND_TEXT[kind]}, got {dumps(v)}", field, path)
+                self.err("dist/type", f":{field} must be {KIND_TEXT[kind]}, got {dumps(v)}", field, path)
             return
         if kind == "model":
             self.map(v, ModelSpec, path, ":dist/model")
         elif kind in ("nodes", "links"):
             cls = NodeSpec if kind == "nodes" else LinkObservation
             if not isinstance(v, list) or (kind == "nodes" and not v):
-                self.err("dist/type", f":{field} must be {_KIND_TEXT[kind]}", field, path)
+                self.err("dist/type", f":{field} must be {KIND_TEXT[kind]}", field, path)
                 return
             for i, item in enumerate(v):
                 self.map(item, cls, path + (i,), f":{field} item {i}")
