@@ -1,7 +1,7 @@
 """kotoba-vllm: an EDN-native client for vLLM, SGLang and llama.cpp inference servers."""
 
 from ._client import AsyncClient, AsyncStream, Client, Stream
-from ._edn import Keyword, dumps, kw, pretty, read_file, read_forms
+from ._edn import Edn, EdnMap, Keyword, dumps, kw, pretty, read_file, read_forms
 from ._errors import (AdmissionRejected, BadRequest, CassetteError, ConfigError, EdnError, EdnWriteError,
                       KotobaError, LocalServerError, NotReady, PromptError, ProtocolError, RequestTimeout, ServerError,
                       ServerFailure, StreamBroken, StructureError, TransportError, Unparsable, Unreachable,
@@ -28,5 +28,5 @@ __all__ = [
     "dumps", "from_edn", "get_dialect", "kw", "pretty", "read_file", "read_forms", "request_from_edn",
     "request_to_edn", "to_edn", "validate",
     "Pool", "AsyncPool",
-    "CassetteError", "ConfigError", "EdnWriteError", "LocalServerError", "PromptError", "StructureError", "Unparsable",
+    "Edn", "EdnMap", "CassetteError", "ConfigError", "EdnWriteError", "LocalServerError", "PromptError", "StructureError", "Unparsable",
 ]

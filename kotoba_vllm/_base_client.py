@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Union
 
 import attrs
 import httpx
 
-from ._edn import Keyword
+from ._edn import EdnMap, Keyword
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError,
                       Unreachable, ValidationError, register_secret)
-from ._model import (BACKENDS, ChatRequest, CompletionRequest, GenerateRequest, Message, Request, Sampling, StreamDelta,
-                     from_edn)
+from ._model import (BACKENDS, REQUEST_TYPES, AnyResponse, ChatRequest, CompletionRequest, GenerateRequest, Message,
+                     Request, Sampling, StreamDelta, TextRequest, from_edn)
 from ._problems import Problem
 from ._requests import request_from_edn
 from ._timings import ClientClock
 from ._validate import validate
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
 from .dialects._http import decode_json, stream_error
+
+RequestInput = Union[Request, EdnMap]
+"""What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
+TimeoutArg = Union[float, httpx.Timeout, None]
+"""Seconds for every phase, an `httpx.Timeout` per phase, or None for the client's default."""
 
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 DETECT_TIMEOUT = httpx.Timeout(3.0)
@@ -65,7 +70,9 @@ def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
     if unknown:
         raise ValidationError([Problem("error", "sampling/unknown", f"unknown sampling argument {k!r}", field=k)
                                for k in unknown])
-    return Sampling(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()})
+    # Any: the caller's keyword values, checked by validation before anything is sent.
+    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()}
+    return Sampling(**values)
 
 
 def as_messages(messages: str | Iterable[Any]) -> tuple[Message, ...]:
@@ -121,6 +128,7 @@ class AsyncAttempt(Attempt):
 
     __slots__ = ()
 
+    # override: httpcore awaits the trace hook on async transports, so the same hook is a coroutine here.
     async def __call__(self, name: str, info: Mapping[str, Any]) -> None:  # type: ignore[override]
         Attempt.__call__(self, name, info)
 
@@ -289,18 +297,27 @@ def api_key_or_env(api_key: str | None) -> str | None:
     return api_key if api_key is not None else os.environ.get(API_KEY_ENV)
 
 
-def to_request(request: Any) -> Request:
+def to_request(request: RequestInput) -> Request:
     """A typed request as is; an EDN request map read into one (ValidationError when it cannot be)."""
-    if isinstance(request, dict) and all(isinstance(k, Keyword) for k in request):
-        req, problems = request_from_edn(request)
+    if isinstance(request, REQUEST_TYPES):
+        return request
+    if isinstance(request, Mapping) and all(isinstance(k, Keyword) for k in request):
+        req, problems = request_from_edn(dict(request))
         if req is None:
             raise ValidationError(problems)
         return req
-    if isinstance(request, dict):
+    if isinstance(request, Mapping):
         raise ValidationError([Problem("error", "request/type", "a request map needs :vllm/* keyword keys")])
-    if not hasattr(request, "endpoint"):
-        raise ValidationError([Problem("error", "request/type", f"not a request: {type(request).__name__}")])
-    return request  # type: ignore[no-any-return]
+    raise ValidationError([Problem("error", "request/type", f"not a request: {type(request).__name__}")])
+
+
+def streaming(request: RequestInput) -> TextRequest:
+    """The request with streaming switched on; only text-generating requests stream."""
+    req = to_request(request)
+    if not isinstance(req, (ChatRequest, CompletionRequest, GenerateRequest)):
+        raise ValidationError([Problem("error", "request/stream", f"a {req.endpoint} request does not stream",
+                                       field="vllm/stream")])
+    return req if req.stream else attrs.evolve(req, stream=True)
 
 
 def chat_request(messages: Any, model: str | None, tools: Any, stream: bool, sampling: Mapping[str, Any],
@@ -346,7 +363,7 @@ class BaseClient:
 
     def _with_defaults(self, req: Request) -> Request:
         if req.model is None and self.model is not None:
-            return attrs.evolve(req, model=self.model)  # type: ignore[misc]
+            return attrs.evolve(req, model=self.model)
         return req
 
     def _base_for(self, req: Request) -> str:
@@ -366,7 +383,7 @@ class BaseClient:
         base = self._base_for(req)
         return Plan(req, dialect, http, base + http.path, base)
 
-    def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> Any:
+    def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:
         if status >= 400:
             raise classify_error(status, raw, headers, plan.url)
         obj = decode_json(raw)
@@ -403,8 +420,8 @@ class BaseClient:
         return chat_request(messages, model if model is not None else self.model, tools, stream, sampling, extras)
 
     def _completion_request(self, prompt: str, model: str | None, stream: bool, sampling: Mapping[str, Any],
-                            extras: Mapping[str, Any] | None, native: bool) -> Request:
-        cls = GenerateRequest if native else CompletionRequest
+                            extras: Mapping[str, Any] | None, native: bool) -> CompletionRequest | GenerateRequest:
+        cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
         return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,
                    extras=dict(extras or {}))

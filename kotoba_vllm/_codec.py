@@ -157,7 +157,7 @@ def ONE_OF(*options: Codec) -> Codec:
 
 
 class _Nested(Codec):
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
         self.name = f"a {cls.__name__} map"
 

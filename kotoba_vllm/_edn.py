@@ -14,16 +14,26 @@ import re
 import sys
 import uuid
 from decimal import Decimal
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator, Mapping, TextIO, TypeAlias, Union
 
 from edn_format import Char, Keyword, Symbol
 
 from ._errors import EdnError, EdnWriteError
 
 __all__ = [
-    "Char", "EdnError", "Form", "Keyword", "Symbol", "dumps", "kw",
+    "Char", "Edn", "EdnError", "EdnMap", "Form", "Keyword", "Symbol", "dumps", "kw",
     "pretty", "read_all", "read_file", "read_forms", "read_one",
 ]
+
+Edn: TypeAlias = Union[None, bool, int, float, Decimal, str, Keyword, Symbol, Char, _dt.datetime, uuid.UUID,
+                       list["Edn"], tuple["Edn", ...], frozenset["Edn"], dict[Any, "Edn"]]
+"""An EDN value as the reader returns it and the writers take it: nil, booleans, numbers,
+strings, keywords, symbols, characters, #inst, #uuid; vectors as `list`, lists as `tuple`,
+sets as `frozenset`, maps as `dict`. Map keys are typed `Any` only because `dict` is
+invariant in its key: a `dict[Keyword, Edn]` would otherwise not be an `Edn`."""
+
+EdnMap: TypeAlias = Mapping[Keyword, Edn]
+"""A map with keyword keys: an EDN request (`{:vllm/endpoint :chat ...}`), a result, a spec."""
 
 # edn_format hashes a Keyword by building an ImmutableDict of its __dict__ on every call
 # (~1.8 us); keyword-keyed dict lookups made that a third of reading a request file.
@@ -46,7 +56,7 @@ class Form:
 
     __slots__ = ("value", "source", "line", "column", "index", "_reader")
 
-    def __init__(self, value: Any, source: str, line: int, column: int, index: int,
+    def __init__(self, value: Edn, source: str, line: int, column: int, index: int,
                  reader: "_Reader | None" = None) -> None:
         self.value, self.source, self.line, self.column, self.index = value, source, line, column, index
         self._reader = reader
@@ -61,7 +71,7 @@ class Form:
     def where(self) -> str:
         return f"{self.source}:{self.line}:{self.column}"
 
-    def nested(self, value: Any) -> Form:
+    def nested(self, value: Edn) -> Form:
         """A form for `value`, read inside this one (an element of a top-level vector): it is
         located where this form starts, and the keys of maps inside it stay locatable."""
         return Form(value, self.source, self.line, self.column, 0, self._reader)
@@ -334,11 +344,11 @@ def _forms(r: "_Reader") -> Iterator[Form]:
         index += 1
 
 
-def read_all(text: str, source: str = "<string>") -> list[Any]:
+def read_all(text: str, source: str = "<string>") -> list[Edn]:
     return [f.value for f in read_forms(text, source)]
 
 
-def read_one(text: str, source: str = "<string>") -> Any:
+def read_one(text: str, source: str = "<string>") -> Edn:
     forms = list(read_forms(text, source))
     if len(forms) != 1:
         raise EdnError(f"expected exactly one form, found {len(forms)}", source, 1, 1)
@@ -381,7 +391,7 @@ def _scalar(v: Any) -> str | None:
     if t is str:
         return _str(v)
     if t is Keyword:
-        return ":" + v.name
+        return f":{v.name}"
     if t is int:
         return str(v)
     if t is float:
@@ -395,7 +405,7 @@ def dumps(v: Any) -> str:
     """Compact EDN text."""
     t = type(v)  # exact types that responses are made of first; the general rules below
     if t is Keyword:
-        return ":" + v.name
+        return f":{v.name}"
     if t is str:
         return _str(v)
     if t is dict:

@@ -31,11 +31,12 @@ This module sits below the EDN reader (which raises `EdnError`), so it names key
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Mapping
 
 from edn_format import Keyword
 
-if TYPE_CHECKING:  # _problems imports _edn, which imports this module
+if TYPE_CHECKING:  # _edn and _problems (which imports _edn) import this module
+    from ._edn import Edn
     from ._problems import Problem
 
 _MAX_RAW = 4096
@@ -78,11 +79,11 @@ class KotobaError(Exception):
         self.message = message
         self.endpoint = endpoint
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {}
 
-    def to_edn(self) -> dict[Keyword, Any]:
-        out: dict[Keyword, Any] = {Keyword("vllm/error"): Keyword(self.kind), Keyword("vllm/message"): self.message}
+    def to_edn(self) -> dict[Keyword, Edn]:
+        out: dict[Keyword, Edn] = {Keyword("vllm/error"): Keyword(self.kind), Keyword("vllm/message"): self.message}
         if self.endpoint is not None:
             out[Keyword("vllm/endpoint-url")] = self.endpoint
         for k, v in self._fields().items():
@@ -94,7 +95,7 @@ class KotobaError(Exception):
         return f"{type(self).__name__}({self.message!r}, endpoint={self.endpoint!r})"
 
 
-def _redact_edn(v: Any) -> Any:
+def _redact_edn(v: Edn) -> Edn:
     if not _SECRETS:
         return v
     if isinstance(v, str):
@@ -114,7 +115,7 @@ class ValidationError(KotobaError):
         super().__init__("; ".join(str(p) for p in errors) or "invalid request", endpoint=endpoint)
         self.problems = problems
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/problems": [p.to_edn() for p in self.problems]}
 
 
@@ -134,7 +135,7 @@ class RequestTimeout(TransportError):
         super().__init__(message, endpoint=endpoint)
         self.phase, self.limit_s, self.partial_text = phase, limit_s, partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/timeout-phase": Keyword(self.phase), "vllm/timeout-s": self.limit_s,
                 "vllm/partial-text": self.partial_text}
 
@@ -146,7 +147,7 @@ class StreamBroken(TransportError):
         super().__init__(message, endpoint=endpoint)
         self.partial_text = partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/partial-text": self.partial_text}
 
 
@@ -155,14 +156,14 @@ class ServerError(KotobaError):
 
     def __init__(self, message: str, *, status: int | None, endpoint: str | None = None,
                  error_type: str | None = None, raw_body: bytes | str | None = None,
-                 details: dict[str, Any] | None = None, partial_text: str | None = None) -> None:
+                 details: Mapping[Keyword | str, Edn] | None = None, partial_text: str | None = None) -> None:
         super().__init__(message, endpoint=endpoint)
         self.status, self.error_type = status, error_type
         self.raw_body = _clip(raw_body)
-        self.details = details or {}
+        self.details: dict[Keyword | str, Edn] = dict(details or {})
         self.partial_text = partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/status": self.status, "vllm/error-type": self.error_type,
                 "vllm/details": self.details or None, "vllm/raw-body": self.raw_body,
                 "vllm/partial-text": self.partial_text}
@@ -176,13 +177,15 @@ class AdmissionRejected(ServerError):
     def __init__(self, message: str, *, reason: str, retry_after_s: float | None = None,
                  status: int | None = 429, endpoint: str | None = None, raw_body: bytes | str | None = None,
                  error_type: str | None = None, sent: bool = True, partial_text: str | None = None,
-                 capacity: Any = None, details: dict[str, Any] | None = None) -> None:
+                 capacity: dict[Keyword, Edn] | None = None,
+                 details: Mapping[Keyword | str, Edn] | None = None) -> None:
         super().__init__(message, status=status, endpoint=endpoint, raw_body=raw_body, error_type=error_type,
                          partial_text=partial_text, details=details)
         self.reason, self.retry_after_s, self.sent, self.capacity = reason, retry_after_s, sent, capacity
 
-    def _fields(self) -> dict[str, Any]:
-        out = {"vllm/reason": Keyword(self.reason), "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
+    def _fields(self) -> dict[str, Edn]:
+        out: dict[str, Edn] = {"vllm/reason": Keyword(self.reason), "vllm/retry-after-s": self.retry_after_s,
+                               "vllm/sent?": self.sent}
         out.update(super()._fields())
         out["vllm/capacity"] = self.capacity
         return out
@@ -209,7 +212,7 @@ class ProtocolError(KotobaError):
         self.offending = _clip(offending)
         self.partial_text = partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/offending": self.offending, "vllm/partial-text": self.partial_text}
 
 
@@ -226,7 +229,7 @@ class EdnError(KotobaError, ValueError):
     def where(self) -> str:
         return f"{self.source}:{self.line}:{self.column}"
 
-    def to_edn(self) -> dict[Keyword, Any]:
+    def to_edn(self) -> dict[Keyword, Edn]:
         return {Keyword("vllm/error"): Keyword(self.kind), Keyword("vllm/message"): self.msg,
                 Keyword("vllm/source"): self.source, Keyword("vllm/line"): self.line,
                 Keyword("vllm/column"): self.column}
@@ -245,7 +248,7 @@ class StructureError(KotobaError, ValueError):
         super().__init__("; ".join(str(p) for p in problems) or "bad structure")
         self.problems = problems
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/problems": [p.to_edn() for p in self.problems]}
 
 

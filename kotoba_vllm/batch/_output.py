@@ -70,8 +70,9 @@ def _read_records(path: str, fmt: str) -> tuple[list[tuple[int, str, str]], bool
                 bad = True
                 continue
             v = f.value
-            if isinstance(v, dict) and isinstance(v.get(K_INDEX), int):
-                out.append((v[K_INDEX], dumps(v), _edn_outcome(v)))
+            index = v.get(K_INDEX) if isinstance(v, dict) else None
+            if isinstance(index, int) and isinstance(v, dict):
+                out.append((index, dumps(v), _edn_outcome(v)))
     return out, bad
 
 

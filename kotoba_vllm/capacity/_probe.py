@@ -147,11 +147,13 @@ def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "au
 
 def probe_capacity(endpoint: str, backend: str = "auto", **kwargs: object) -> CapacityAnswer:
     """One endpoint's capacity answer (never raises for an unreachable server)."""
+    # arg-type: kwargs are probe_endpoints' keyword arguments, passed through unchanged.
     return probe_endpoints([endpoint], backend, **kwargs)[0]  # type: ignore[arg-type]
 
 
 def probe_pool(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", **kwargs: object) -> PoolCapacity:
     """merge-pool-capacity over a live pool: every member asked, concurrently."""
+    # arg-type: kwargs are probe_endpoints' keyword arguments, passed through unchanged.
     return merge_pool_capacity(probe_endpoints(endpoints, backend, **kwargs), at=now_iso())  # type: ignore[arg-type]
 
 
@@ -212,9 +214,11 @@ async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str
 
 
 async def aprobe_capacity(endpoint: str, backend: str = "auto", **kwargs: object) -> CapacityAnswer:
+    # arg-type: kwargs are aprobe_endpoints' keyword arguments, passed through unchanged.
     return (await aprobe_endpoints([endpoint], backend, **kwargs))[0]  # type: ignore[arg-type]
 
 
 async def aprobe_pool(endpoints: Sequence[str], backend: str | Sequence[str] = "auto",
                       **kwargs: object) -> PoolCapacity:
+    # arg-type: kwargs are aprobe_endpoints' keyword arguments, passed through unchanged.
     return merge_pool_capacity(await aprobe_endpoints(endpoints, backend, **kwargs), at=now_iso())  # type: ignore[arg-type]

@@ -45,7 +45,11 @@ def run(args: argparse.Namespace) -> int:
         print(dumps(edn))
         return 0 if obs.failure is None else 1
     spec = read_file(args.spec)[0].value
-    spec.setdefault(kw("dist/links"), []).append(edn)
+    links = spec.setdefault(kw("dist/links"), []) if isinstance(spec, dict) else None
+    if not isinstance(links, list):
+        print(f"error: {args.spec}: expected a spec map whose :dist/links is a vector", file=sys.stderr)
+        return 2
+    links.append(edn)
     text = pretty(spec) + "\n"
     if args.in_place:
         with open(args.spec, "w", encoding="utf-8") as fh:

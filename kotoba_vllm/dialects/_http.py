@@ -49,8 +49,6 @@ def parse_retry_after(value: str | None, now: _dt.datetime | None = None) -> flo
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    if when is None:
-        return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.timezone.utc)
     now = now or _dt.datetime.now(_dt.timezone.utc)

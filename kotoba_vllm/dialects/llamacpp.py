@@ -137,7 +137,8 @@ class LlamacppDialect(Dialect):
         p, c = int_or_none(obj.get("tokens_evaluated")), int_or_none(obj.get("tokens_predicted"))
         if p is None and c is None:
             return None
-        t = obj.get("timings") if isinstance(obj.get("timings"), dict) else {}
+        timings = obj.get("timings")
+        t = timings if isinstance(timings, dict) else {}
         return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=(p or 0) + (c or 0),
                      cached_tokens=int_or_none(t.get("cache_n")))
 

@@ -7,11 +7,11 @@ A knob an engine would ignore is a validation error naming knob and engine.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
-from .._model import (Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                       EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
                       Sampling, StreamDelta, TokenizeRequest, TokenizeResponse, ToolCall, Usage)
 from .._problems import Problem
@@ -181,7 +181,7 @@ class Dialect:
     # ------------------------------------------------------------ parsing
 
     def parse(self, req: Request, obj: Any, endpoint_url: str | None = None,
-              clock: ClientClock | None = None) -> Any:
+              clock: ClientClock | None = None) -> AnyResponse:
         """A complete (non-streamed) JSON answer -> typed response."""
         if not isinstance(obj, dict):
             raise ProtocolError(f"expected a JSON object from {self.name}", offending=json.dumps(obj)[:500],
@@ -272,8 +272,9 @@ class Dialect:
 
     def detokenized_text(self, obj: dict[str, Any]) -> str:
         for k in ("prompt", "content", "text"):
-            if isinstance(obj.get(k), str):
-                return obj[k]
+            text = obj.get(k)
+            if isinstance(text, str):
+                return text
         raise ProtocolError("detokenize answer has no text", offending=json.dumps(obj)[:500])
 
     def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
@@ -446,6 +447,7 @@ def schema_json(v: Any) -> Any:
 
 
 _RAW_DECODE = json.JSONDecoder().raw_decode
+_FAST_LOADS: Callable[[str], Any] | None
 try:  # optional: decoding is most of a chunk's cost, and orjson does it ~3x faster
     from orjson import loads as _FAST_LOADS
 except ImportError:  # pragma: no cover - depends on the environment
