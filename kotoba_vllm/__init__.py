@@ -1,4 +1,12 @@
-"""kotoba-vllm: an EDN-native client for vLLM, SGLang and llama.cpp inference servers."""
+"""kotoba-vllm: an EDN-native client for vLLM, SGLang and llama.cpp inference servers.
+
+Everything a client needs is re-exported here. Public subpackages, each listing its names in
+`__all__`: `kotoba_vllm.capacity` (capacity probes and verdicts), `kotoba_vllm.batch` (batch
+runs), `kotoba_vllm.bench` (benchmarks), `kotoba_vllm.distributed` (distributed specs and
+plans), `kotoba_vllm.local` (local llama.cpp servers), `kotoba_vllm.ray` (Ray, with the ray
+extra), `kotoba_vllm.pool` and `kotoba_vllm.cassettes`. A leading underscore means private.
+docs/architecture.md shows which module owns each step.
+"""
 
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._edn import Edn, EdnMap, Keyword, dumps, kw, pretty, read_file, read_forms

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Union
 import attrs
 import httpx
 
-from ._edn import EdnMap, Keyword
+from ._edn import Edn, EdnMap, Keyword
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError,
                       Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, REQUEST_TYPES, AnyResponse, ChatRequest, CompletionRequest, GenerateRequest, Message,
@@ -28,6 +28,9 @@ from .dialects._http import decode_json, stream_error
 
 RequestInput = Union[Request, EdnMap]
 """What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
+MessagesInput = Union[str, Iterable[Union[Message, EdnMap, Mapping[str, Any]]]]
+"""What `chat` takes: one user turn as a string, or messages (typed, EDN maps, or OpenAI-style
+dicts, whose values are JSON and checked when they become a `Message`)."""
 TimeoutArg = Union[float, httpx.Timeout, None]
 """Seconds for every phase, an `httpx.Timeout` per phase, or None for the client's default."""
 
@@ -75,7 +78,7 @@ def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
     return Sampling(**values)
 
 
-def as_messages(messages: str | Iterable[Any]) -> tuple[Message, ...]:
+def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
     """A string (one user turn), typed messages, EDN message maps or OpenAI-style dicts."""
     if isinstance(messages, str):
         return (Message(role="user", content=messages),)
@@ -320,7 +323,7 @@ def streaming(request: RequestInput) -> TextRequest:
     return req if req.stream else attrs.evolve(req, stream=True)
 
 
-def chat_request(messages: Any, model: str | None, tools: Any, stream: bool, sampling: Mapping[str, Any],
+def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
                  extras: Mapping[str, Any] | None) -> ChatRequest:
     return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
                        stream=stream or None, tools=tools, extras=dict(extras or {}))
@@ -414,7 +417,7 @@ class BaseClient:
             return self.timeout
         return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
 
-    def _chat_request(self, messages: Any, model: str | None, tools: Any, stream: bool,
+    def _chat_request(self, messages: MessagesInput, model: str | None, tools: Edn, stream: bool,
                       sampling: Mapping[str, Any], extras: Mapping[str, Any] | None) -> ChatRequest:
         # The client's default model goes in here: `_with_defaults` would rebuild the request (attrs.evolve).
         return chat_request(messages, model if model is not None else self.model, tools, stream, sampling, extras)

@@ -14,10 +14,10 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, overload
 import attrs
 import httpx
 
-from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, Plan, RequestInput,
-                           SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend, not_event_stream, streaming,
-                           transport_error)
-from ._edn import EdnMap
+from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, MessagesInput, Plan,
+                           RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend, not_event_stream,
+                           streaming, transport_error)
+from ._edn import Edn, EdnMap
 from ._errors import KotobaError, ProtocolError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
                      ModelsResponse, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
@@ -91,7 +91,7 @@ class Stream:
     def __enter__(self) -> "Stream":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -156,7 +156,7 @@ class AsyncStream:
     async def __aenter__(self) -> "AsyncStream":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
 
@@ -181,7 +181,7 @@ class Client(BaseClient):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------ I/O primitives
@@ -270,21 +270,21 @@ class Client(BaseClient):
             raise classify_error(r.status_code, raw, r.headers, plan.url)
         return Stream(self, plan, r, sent, timeout)
 
-    def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-             extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Response:
+    def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+             extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
         return self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
 
-    def stream_chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-                    extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Stream:
+    def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+                    extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Stream:
         return self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
 
     def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                   extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Response:
+                   extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
         """`/v1/completions`, or the engine's native route (`native=True`: llama.cpp `/completion`, SGLang `/generate`)."""
         return self.send(self._completion_request(prompt, model, False, sampling, extras, native), timeout=timeout)
 
     def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                          extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                          extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
                           **sampling: Any) -> Stream:
         return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout)
 
@@ -341,7 +341,7 @@ class AsyncClient(BaseClient):
     async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
@@ -421,24 +421,24 @@ class AsyncClient(BaseClient):
             raise classify_error(r.status_code, raw, r.headers, plan.url)
         return AsyncStream(self, plan, r, sent, timeout)
 
-    async def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-                   extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+    async def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+                   extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
                    **sampling: Any) -> Response:
         return await self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
 
-    async def stream_chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-                          extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+    async def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+                          extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
                           **sampling: Any) -> AsyncStream:
         return await self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
 
     async def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                         extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                         extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
                          **sampling: Any) -> Response:
         return await self.send(self._completion_request(prompt, model, False, sampling, extras, native),
                                timeout=timeout)
 
     async def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                                extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                                extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
                                 **sampling: Any) -> AsyncStream:
         return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
                                  timeout=timeout)

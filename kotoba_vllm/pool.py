@@ -26,8 +26,8 @@ from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, TypeVar, ove
 import attrs
 import httpx
 
-from ._base_client import (RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers, server_root,
-                           streaming, to_request)
+from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
+                           server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._codec import KW, MANY, NUM, STR
 from ._edn import EdnMap, Keyword, kw, read_file
@@ -189,7 +189,7 @@ class PoolStream:
     def __enter__(self) -> "PoolStream":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -226,7 +226,7 @@ class Pool(_PoolCore):
     def __enter__(self) -> "Pool":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def capacity(self) -> PoolCapacity:
@@ -280,13 +280,13 @@ class Pool(_PoolCore):
             raise _attach(e, cap)
         return PoolStream(self, inner, req, adm, cap, conversation)
 
-    def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
+    def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
              timeout: TimeoutArg = None, **sampling: Any) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
         return self.send(req, timeout=timeout, conversation=conversation)
 
-    def stream_chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
-                    timeout: float | None = None, **sampling: Any) -> PoolStream:
+    def stream_chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
+                    timeout: TimeoutArg = None, **sampling: Any) -> PoolStream:
         req = chat_request(messages, model if model is not None else self.model, None, True, sampling, None)
         return self.stream(req, timeout=timeout, conversation=conversation)
 
@@ -329,7 +329,7 @@ class AsyncPoolStream:
     async def __aenter__(self) -> "AsyncPoolStream":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
 
@@ -363,7 +363,7 @@ class AsyncPool(_PoolCore):
     async def __aenter__(self) -> "AsyncPool":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def capacity(self) -> PoolCapacity:
@@ -416,7 +416,7 @@ class AsyncPool(_PoolCore):
             raise _attach(e, cap)
         return AsyncPoolStream(self, inner, req, adm, cap, conversation)
 
-    async def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
+    async def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
                    timeout: TimeoutArg = None, **sampling: Any) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
         return await self.send(req, timeout=timeout, conversation=conversation)

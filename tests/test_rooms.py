@@ -203,3 +203,24 @@ def test_the_error_tree_names_every_error() -> None:
     for cls in _errors.ALL_ERRORS:
         assert cls.__name__ in tree, f"{cls.__name__} missing from the tree at the top of _errors.py"
     assert set(_errors.ALL_ERRORS) <= {getattr(kotoba_vllm, n) for n in kotoba_vllm.__all__ if n[0].isupper()}
+
+
+PUBLIC_SUBPACKAGES = ("capacity", "batch", "bench", "distributed", "local", "ray")
+
+
+@pytest.mark.parametrize("name", PUBLIC_SUBPACKAGES)
+def test_public_subpackages_list_what_is_public(name: str) -> None:
+    try:
+        mod = importlib.import_module(f"kotoba_vllm.{name}")
+    except ModuleNotFoundError as e:
+        if e.name in (f"kotoba_vllm.{name}", name):
+            pytest.skip(f"kotoba_vllm.{name} is not built yet")
+        if name == "ray" and e.name == "ray":
+            pytest.skip("the ray extra is not installed")
+        raise
+    assert mod.__doc__, f"kotoba_vllm.{name} says what it is for"
+    public = getattr(mod, "__all__", None)
+    assert public, f"kotoba_vllm.{name} lists its public names in __all__"
+    for n in public:
+        assert hasattr(mod, n), f"kotoba_vllm.{name}.__all__ names {n}, which it does not have"
+    assert name in (kotoba_vllm.__doc__ or ""), f"the package docstring names kotoba_vllm.{name} as public"
