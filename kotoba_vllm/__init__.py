@@ -36,5 +36,6 @@ __all__ = [
     "dumps", "from_edn", "get_dialect", "kw", "pretty", "read_file", "read_forms", "request_from_edn",
     "request_to_edn", "to_edn", "validate",
     "Pool", "AsyncPool",
-    "Edn", "EdnMap", "CassetteError", "ConfigError", "EdnWriteError", "LocalServerError", "PromptError", "StructureError", "Unparsable",
+    "CassetteError", "ConfigError", "Edn", "EdnMap", "EdnWriteError", "LocalServerError", "PromptError",
+    "StructureError", "Unparsable",
 ]

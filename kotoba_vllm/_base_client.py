@@ -18,7 +18,7 @@ from ._edn import Edn, EdnMap, Keyword
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError,
                       Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, REQUEST_TYPES, AnyResponse, ChatRequest, CompletionRequest, GenerateRequest, Message,
-                     Request, Sampling, StreamDelta, TextRequest, from_edn)
+                     Request, Response, Sampling, StreamDelta, TextRequest, from_edn)
 from ._problems import Problem
 from ._requests import request_from_edn
 from ._timings import ClientClock
@@ -203,7 +203,7 @@ class StreamRun:
             self.finished = True
         return deltas
 
-    def on_end(self) -> Any:
+    def on_end(self) -> Response:
         if not self.finished:
             raise StreamBroken(f"stream from {self.plan.url} ended before the server finished",
                                partial_text=self.decoder.partial_text, endpoint=self.plan.url)
@@ -324,7 +324,7 @@ def streaming(request: RequestInput) -> TextRequest:
 
 
 def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
-                 extras: Mapping[str, Any] | None) -> ChatRequest:
+                 extras: Mapping[str, Edn] | None) -> ChatRequest:
     return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
                        stream=stream or None, tools=tools, extras=dict(extras or {}))
 
@@ -361,7 +361,7 @@ class BaseClient:
 
     # ------------------------------------------------------------ decisions
 
-    def _to_request(self, request: Any) -> Request:
+    def _to_request(self, request: RequestInput) -> Request:
         return to_request(request)
 
     def _with_defaults(self, req: Request) -> Request:
@@ -418,12 +418,12 @@ class BaseClient:
         return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
 
     def _chat_request(self, messages: MessagesInput, model: str | None, tools: Edn, stream: bool,
-                      sampling: Mapping[str, Any], extras: Mapping[str, Any] | None) -> ChatRequest:
+                      sampling: Mapping[str, Any], extras: Mapping[str, Edn] | None) -> ChatRequest:
         # The client's default model goes in here: `_with_defaults` would rebuild the request (attrs.evolve).
         return chat_request(messages, model if model is not None else self.model, tools, stream, sampling, extras)
 
     def _completion_request(self, prompt: str, model: str | None, stream: bool, sampling: Mapping[str, Any],
-                            extras: Mapping[str, Any] | None, native: bool) -> CompletionRequest | GenerateRequest:
+                            extras: Mapping[str, Edn] | None, native: bool) -> CompletionRequest | GenerateRequest:
         cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
         return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,

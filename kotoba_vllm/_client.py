@@ -15,8 +15,8 @@ import attrs
 import httpx
 
 from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, MessagesInput, Plan,
-                           RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend, not_event_stream,
-                           streaming, transport_error)
+                           RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend,
+                           not_event_stream, streaming, transport_error)
 from ._edn import Edn, EdnMap
 from ._errors import KotobaError, ProtocolError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
@@ -271,20 +271,20 @@ class Client(BaseClient):
         return Stream(self, plan, r, sent, timeout)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
-             extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
+             extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
         return self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
 
     def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
-                    extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Stream:
+                    extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Stream:
         return self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
 
     def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                   extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
+                   extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
         """`/v1/completions`, or the engine's native route (`native=True`: llama.cpp `/completion`, SGLang `/generate`)."""
         return self.send(self._completion_request(prompt, model, False, sampling, extras, native), timeout=timeout)
 
     def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                          extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
+                          extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                           **sampling: Any) -> Stream:
         return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout)
 
@@ -422,23 +422,23 @@ class AsyncClient(BaseClient):
         return AsyncStream(self, plan, r, sent, timeout)
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
-                   extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
+                   extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                    **sampling: Any) -> Response:
         return await self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
 
     async def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
-                          extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
+                          extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                           **sampling: Any) -> AsyncStream:
         return await self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
 
     async def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                         extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
+                         extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                          **sampling: Any) -> Response:
         return await self.send(self._completion_request(prompt, model, False, sampling, extras, native),
                                timeout=timeout)
 
     async def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                                extras: Mapping[str, Any] | None = None, timeout: TimeoutArg = None,
+                                extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                                 **sampling: Any) -> AsyncStream:
         return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
                                  timeout=timeout)

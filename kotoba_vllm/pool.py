@@ -30,7 +30,7 @@ from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_e
                            server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._codec import KW, MANY, NUM, STR
-from ._edn import EdnMap, Keyword, kw, read_file
+from ._edn import Edn, EdnMap, Keyword, kw, read_file
 from ._errors import AdmissionRejected, ConfigError
 from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
                      Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
@@ -56,7 +56,7 @@ class PoolConfig:
     model: str | None = attrs.field(default=None, metadata={"edn": "pool/model", "codec": STR})
 
 
-def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
+def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
     """Read a pool map; raises ValueError naming the key."""
     if not isinstance(m, dict):
         raise ConfigError(f"{where}: a pool is a map with :pool/members")
@@ -76,7 +76,8 @@ def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
     model = m.get(kw("pool/model"))
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{where}: :pool/model must be a string")
-    return PoolConfig(tuple(members), backend.name, None if t is None else float(t), model)
+    return PoolConfig(tuple(u for u in members if isinstance(u, str)), backend.name, None if t is None else float(t),
+                      model)
 
 
 def load_pool_config(path: str) -> PoolConfig:

@@ -241,7 +241,8 @@ class Dialect:
             return None
         details = u.get("prompt_tokens_details") or {}
         cdetails = u.get("completion_tokens_details") or {}
-        return Usage(prompt_tokens=int_or_none(u.get("prompt_tokens")), completion_tokens=int_or_none(u.get("completion_tokens")),
+        return Usage(prompt_tokens=int_or_none(u.get("prompt_tokens")),
+                     completion_tokens=int_or_none(u.get("completion_tokens")),
                      total_tokens=int_or_none(u.get("total_tokens")),
                      cached_tokens=int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None,
                      # OpenAI/vLLM nest it in completion_tokens_details; SGLang reports it at the top level
@@ -260,8 +261,9 @@ class Dialect:
             raise ProtocolError("embedding answer has no data list", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
         vecs = tuple(tuple(float(x) for x in d.get("embedding", ())) for d in sorted(data, key=lambda d: d.get("index", 0)))
-        return EmbeddingResponse(embeddings=vecs, model=str_or_none(obj.get("model")), usage=self.parse_usage(obj.get("usage")),
-                                 backend=self.name, endpoint_url=endpoint_url, request_id=req.request_id)
+        return EmbeddingResponse(embeddings=vecs, model=str_or_none(obj.get("model")),
+                                 usage=self.parse_usage(obj.get("usage")), backend=self.name,
+                                 endpoint_url=endpoint_url, request_id=req.request_id)
 
     def tokens_of(self, obj: dict[str, Any]) -> list[int]:
         toks = obj.get("tokens")
@@ -407,7 +409,8 @@ class ChunkStream:
         for t in deltas:
             if not isinstance(t, dict):
                 continue
-            slot = calls.setdefault(int_or_none(t.get("index")) or 0, {"id": None, "name": "", "arguments": "", "type": None})
+            slot = calls.setdefault(int_or_none(t.get("index")) or 0,
+                                    {"id": None, "name": "", "arguments": "", "type": None})
             if t.get("id"):
                 slot["id"] = t["id"]
             if t.get("type"):

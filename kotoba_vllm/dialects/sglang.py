@@ -123,8 +123,8 @@ class SglangDialect(Dialect):
         meta = obj.get("meta_info") or {}
         usage = self.native_usage(obj)
         choice = Choice(index=0, text=obj.get("text"), finish_reason=reason_text(meta.get("finish_reason")))
-        return Response(text=choice.text, choices=(choice,), id=str_or_none(meta.get("id")), model=req.model, usage=usage,
-                        backend=self.name, endpoint="generate", endpoint_url=endpoint_url,
+        return Response(text=choice.text, choices=(choice,), id=str_or_none(meta.get("id")), model=req.model,
+                        usage=usage, backend=self.name, endpoint="generate", endpoint_url=endpoint_url,
                         timings=build_timings(self.server_timings(obj), usage, clock), request_id=req.request_id,
                         extras=self.response_extras(obj))
 
