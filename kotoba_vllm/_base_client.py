@@ -17,8 +17,8 @@ import httpx
 from ._edn import Edn, EdnMap, Keyword
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError,
                       Unreachable, ValidationError, register_secret)
-from ._model import (BACKENDS, REQUEST_TYPES, AnyResponse, ChatRequest, CompletionRequest, GenerateRequest, Message,
-                     Request, Response, Sampling, StreamDelta, TextRequest, from_edn)
+from ._model import (BACKENDS, REQUEST_TYPES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
+                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest, from_edn)
 from ._problems import Problem
 from ._requests import request_from_edn
 from ._timings import ClientClock
@@ -317,7 +317,7 @@ def to_request(request: RequestInput) -> Request:
 def streaming(request: RequestInput) -> TextRequest:
     """The request with streaming switched on; only text-generating requests stream."""
     req = to_request(request)
-    if not isinstance(req, (ChatRequest, CompletionRequest, GenerateRequest)):
+    if not isinstance(req, TEXT_REQUESTS):
         raise ValidationError([Problem("error", "request/stream", f"a {req.endpoint} request does not stream",
                                        field="vllm/stream")])
     return req if req.stream else attrs.evolve(req, stream=True)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import attrs
 import cattrs
 
-from ._edn import Char, Form, Keyword, Symbol, dumps, kw
+from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, kw
 from ._errors import StructureError
 from ._problems import Problem
 
@@ -232,7 +232,7 @@ def _non_json(v: Any) -> str | None:
     return describe(v)
 
 
-def edn_to_json(v: Any) -> Any:
+def edn_to_json(v: Edn) -> Any:
     """EDN data -> JSON-ready Python: keywords become their (unqualified) names."""
     if isinstance(v, dict):
         return {(k.name.rsplit("/", 1)[-1] if isinstance(k, Keyword) else k): edn_to_json(x) for k, x in v.items()}
@@ -247,13 +247,14 @@ def edn_to_json(v: Any) -> Any:
     return v
 
 
-def json_to_edn(v: Any) -> Any:
+def json_to_edn(v: Any) -> Edn:
     """JSON value -> EDN data: object keys become plain keywords (`{"prompt_n": 4}` -> `{:prompt_n 4}`)."""
     if isinstance(v, dict):
         return {kw(k) if plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
     if isinstance(v, list):
         return [json_to_edn(x) for x in v]
-    return v
+    scalar: Edn = v  # JSON's other values (str, int, float, bool, None) are EDN as they are
+    return scalar
 
 
 def plain_key(k: Any) -> bool:

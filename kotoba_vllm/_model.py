@@ -168,6 +168,7 @@ TextRequest = Union[ChatRequest, CompletionRequest, GenerateRequest]
 """The requests answered with generated text (a `Response`); the ones that can stream."""
 Request = Union[ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest,
                 DetokenizeRequest]
+TEXT_REQUESTS = (ChatRequest, CompletionRequest, GenerateRequest)
 REQUEST_TYPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)
 REQUEST_CLASSES: dict[str, type[Request]] = {c.endpoint: c for c in REQUEST_TYPES}
 

@@ -28,5 +28,5 @@ class BatchEntry:
         return self.request is not None and not any(p.is_error for p in self.problems)
 
     @property
-    def request_id(self) -> Any:
+    def request_id(self) -> str | int | None:
         return self.request.request_id if self.request is not None else None

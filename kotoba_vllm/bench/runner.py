@@ -110,7 +110,7 @@ async def long_prompt(client: AsyncClient, base: str, tokens: int) -> BenchReque
     return chat(long_text(words))
 
 
-def _tokenize(base: str, text: str) -> Any:
+def _tokenize(base: str, text: str) -> TokenizeRequest:
     return TokenizeRequest(text=text, base_url=base)
 
 

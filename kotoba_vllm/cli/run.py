@@ -21,7 +21,7 @@ from tqdm import tqdm
 from .._base_client import API_KEY_ENV, BASE_URL_ENV
 from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
-from .._model import StreamDelta, to_edn
+from .._model import TEXT_REQUESTS, StreamDelta, to_edn
 from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder, detect_format,
                      iter_entries, journal_path, load_existing)
 from ..dialects import DIALECTS
@@ -70,7 +70,7 @@ class _LocalOnDemand:
         self.server: Any = None
         self._lock = asyncio.Lock()
 
-    async def ensure(self, client: AsyncClient) -> None:
+    async def ensure(self, client: AsyncClient | AsyncPool) -> None:
         async with self._lock:
             if self.server is not None:
                 return
@@ -79,7 +79,8 @@ class _LocalOnDemand:
             except LocalServerError as e:
                 print(f"error: could not start a local llama-server: {e}", file=sys.stderr)
                 raise SystemExit(3) from None
-            client.base_url = self.server.base_url
+            if isinstance(client, AsyncClient):  # no URL was given, so there is no pool
+                client.base_url = self.server.base_url
             print(f";; local llama-server at {self.server.base_url}", file=sys.stderr)
 
     def stop(self) -> None:
@@ -87,7 +88,7 @@ class _LocalOnDemand:
             self.server.stop()
 
 
-def _make_client(args: argparse.Namespace, urls: list[str]) -> Any:
+def _make_client(args: argparse.Namespace, urls: list[str]) -> AsyncClient | AsyncPool:
     """One AsyncClient, or an AsyncPool (early admission over every member) when several
     URLs or a pool file are given; both have the same send/stream."""
     kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout}
@@ -174,7 +175,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         assert req is not None
         if local is not None and req.base_url is None:
             await local.ensure(client)
-        if (args.stream or req.stream) and out_fmt == "edn":
+        if (args.stream or req.stream) and out_fmt == "edn" and isinstance(req, TEXT_REQUESTS):
             s = await client.stream(req, timeout=args.timeout)
             deltas: list[StreamDelta] = []
             async for d in s:
