@@ -13,7 +13,7 @@
     │   └── ServerFailure        other 5xx
     ├── ProtocolError            malformed JSON or SSE; the offending bytes kept
     ├── EdnError                 EDN text that does not read: `source:line:column: why`   (also a ValueError)
-    ├── EdnWriteError            a value with no EDN form was given to the writer           (also a TypeError)
+    ├── EdnWriteError            a value with no EDN form given to the writer  (also a TypeError and ValueError)
     ├── StructureError           EDN that reads but is not the typed shape; located problems (also a ValueError)
     ├── ConfigError              an argument or config file that cannot be used (pool file, backend name)
     │                                                                                       (also a ValueError)
@@ -25,15 +25,15 @@
 The second bases keep `except ValueError` callers working. Admission answers are never retried
 by the client: one call, one HTTP request.
 
-This module sits below the EDN reader (which raises `EdnError`), so it names keywords with
-`edn_format.Keyword` directly rather than through `_edn.kw`.
+This module sits below the EDN reader (which raises `EdnError`): it names keywords through
+`_keywords`, not `_edn`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from edn_format import Keyword
+from ._keywords import Keyword, keyword_or_string, kw
 
 if TYPE_CHECKING:  # _edn and _problems (which imports _edn) import this module
     from ._edn import Edn
@@ -83,12 +83,12 @@ class KotobaError(Exception):
         return {}
 
     def to_edn(self) -> dict[Keyword, Edn]:
-        out: dict[Keyword, Edn] = {Keyword("vllm/error"): Keyword(self.kind), Keyword("vllm/message"): self.message}
+        out: dict[Keyword, Edn] = {kw("vllm/error"): kw(self.kind), kw("vllm/message"): self.message}
         if self.endpoint is not None:
-            out[Keyword("vllm/endpoint-url")] = self.endpoint
+            out[kw("vllm/endpoint-url")] = self.endpoint
         for k, v in self._fields().items():
             if v is not None:
-                out[Keyword(k)] = _redact_edn(v)
+                out[kw(k)] = _redact_edn(v)
         return out
 
     def __repr__(self) -> str:
@@ -136,7 +136,7 @@ class RequestTimeout(TransportError):
         self.phase, self.limit_s, self.partial_text = phase, limit_s, partial_text
 
     def _fields(self) -> dict[str, Edn]:
-        return {"vllm/timeout-phase": Keyword(self.phase), "vllm/timeout-s": self.limit_s,
+        return {"vllm/timeout-phase": kw(self.phase), "vllm/timeout-s": self.limit_s,
                 "vllm/partial-text": self.partial_text}
 
 
@@ -184,8 +184,8 @@ class AdmissionRejected(ServerError):
         self.reason, self.retry_after_s, self.sent, self.capacity = reason, retry_after_s, sent, capacity
 
     def _fields(self) -> dict[str, Edn]:
-        out: dict[str, Edn] = {"vllm/reason": Keyword(self.reason), "vllm/retry-after-s": self.retry_after_s,
-                               "vllm/sent?": self.sent}
+        out: dict[str, Edn] = {"vllm/reason": keyword_or_string(self.reason),
+                               "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
         out.update(super()._fields())
         out["vllm/capacity"] = self.capacity
         return out
@@ -230,12 +230,12 @@ class EdnError(KotobaError, ValueError):
         return f"{self.source}:{self.line}:{self.column}"
 
     def to_edn(self) -> dict[Keyword, Edn]:
-        return {Keyword("vllm/error"): Keyword(self.kind), Keyword("vllm/message"): self.msg,
-                Keyword("vllm/source"): self.source, Keyword("vllm/line"): self.line,
-                Keyword("vllm/column"): self.column}
+        return {kw("vllm/error"): kw(self.kind), kw("vllm/message"): self.msg,
+                kw("vllm/source"): self.source, kw("vllm/line"): self.line,
+                kw("vllm/column"): self.column}
 
 
-class EdnWriteError(KotobaError, TypeError):
+class EdnWriteError(KotobaError, TypeError, ValueError):
     kind = "edn-write"
 
 
