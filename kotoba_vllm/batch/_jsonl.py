@@ -21,6 +21,8 @@ import time
 import uuid
 from typing import IO, Any, Iterator
 
+import attrs
+
 from .._codec import edn_to_json
 from .._edn import Keyword, kw
 from .._errors import InternalError, KotobaError, ServerError
@@ -29,7 +31,7 @@ from .._openai_messages import message_to_edn
 from .._problems import Problem
 from .._requests import request_from_edn
 from .._sampling import SAMPLING_TABLE
-from ._entries import BatchEntry
+from ._entry import BatchEntry
 
 URL_ENDPOINTS: dict[str, str] = {
     "/v1/chat/completions": "chat",
@@ -160,7 +162,6 @@ def _split_url(url: Any) -> tuple[str | None, Any]:
 
 
 def attrs_where(p: Problem, where: str) -> Problem:
-    import attrs
     return p if p.where else attrs.evolve(p, where=where)
 
 
