@@ -19,7 +19,7 @@ from ._edn import Edn, EdnMap, Keyword, kw
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
                       TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, REQUEST_TYPES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
-                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest, from_edn)
+                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest)
 from ._openai_messages import MESSAGE_FIELDS, message_to_edn
 from ._origins import TrustedOrigins, origin_of, show
 from ._problems import Problem

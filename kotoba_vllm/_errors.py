@@ -20,6 +20,7 @@
     ├── CassetteError            a cassette file without the cassette shape (file and key)  (also a ValueError)
     ├── PromptError              a bench prompt file that is not prompts                    (also a ValueError)
     ├── Unparsable               a capacity endpoint answered with something unreadable     (also a ValueError)
+    │   └── BadNumber            ... or with a figure no server can mean (NaN, ±Inf, negative, huge)
     ├── LocalServerError         a local llama.cpp binary is missing or failed to start     (also a RuntimeError)
     └── InternalError            an exception nobody typed (a bug): its type and message kept
 
@@ -296,6 +297,13 @@ class Unparsable(KotobaError, ValueError):
     kind = "unparsable"
 
 
+class BadNumber(Unparsable):
+    """A figure no server can mean (NaN, infinite, negative, absurdly large): the member's whole
+    reading is untrustworthy, so it is unmeasured, never read as a number."""
+
+    kind = "bad-number"
+
+
 class LocalServerError(KotobaError, RuntimeError):
     """A local llama.cpp binary is missing, or a server failed to start."""
 
@@ -332,4 +340,4 @@ class InternalError(KotobaError):
 ALL_ERRORS = (KotobaError, ValidationError, TransportError, Unreachable, RequestTimeout, StreamBroken,
               ServerError, AdmissionRejected, NotReady, BadRequest, ServerFailure, ProtocolError,
               EdnError, EdnWriteError, StructureError, ConfigError, CassetteError, PromptError, Unparsable,
-              LocalServerError, InternalError)
+              BadNumber, LocalServerError, InternalError)

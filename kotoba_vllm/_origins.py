@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 from urllib.parse import urlsplit
 
+from ._errors import ConfigError
+
 Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -53,7 +55,7 @@ class TrustedOrigins:
     def add(self, url: str) -> None:
         o = origin_of(url)
         if o is None:
-            raise ValueError(f"not a server URL (scheme://host[:port]): {url!r}")
+            raise ConfigError(f"not a server URL (scheme://host[:port]): {url!r}")
         self._origins.add(o)
         self._cache.clear()
 

@@ -13,14 +13,9 @@ from typing import Any, Iterable
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
-from .._errors import Unparsable, redact
+from .._errors import BadNumber, Unparsable, redact
 
 _SNIPPET = 160
-
-
-class BadNumber(Unparsable):
-    """A figure no server can mean (NaN, infinite, negative, absurdly large): the member's whole
-    reading is untrustworthy, so it is unmeasured, never read as a number."""
 
 
 # More requests or slots than any server runs: a figure past this is garbage, not load.
