@@ -210,8 +210,10 @@ class _Load:
             seen = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(self.GAUGES)]
             if sum(seen) >= n:
                 return
-            if not seen and time.monotonic() > deadline - limit_s + 2.0:
-                return  # no engine gauges here (a router): two seconds is plenty on loopback
+            if not seen and time.monotonic() > deadline - limit_s + 0.5:
+                # No engine gauges (a router): half a second on loopback, and short enough that a
+                # router's token bucket (sglang-router refills one a second) has not refilled.
+                return
 
     @staticmethod
     def _one(base_url: str) -> None:
