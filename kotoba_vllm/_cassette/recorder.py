@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -194,14 +196,12 @@ class _Load:
     GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 
     def __init__(self, base_url: str, n: int) -> None:
-        import threading
         self.threads = [threading.Thread(target=self._one, args=(base_url,), daemon=True) for _ in range(n)]
         for i, t in enumerate(self.threads, 1):
             t.start()
             self._wait_for(base_url, i)
 
     def _wait_for(self, base_url: str, n: int, limit_s: float = 30.0) -> None:
-        import time
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             time.sleep(0.2)
