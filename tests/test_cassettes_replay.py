@@ -64,8 +64,10 @@ def test_corpus_size_and_provenance() -> None:
         if c.engine == "sglang" and c.how == "recorded":
             assert "0.5.23" in prov["cassette/engine-version"], c.id
             assert "simulated: the scheduler process only" in prov["cassette/source"], c.id
-        if c.engine == "sglang" and c.how == "derived":  # derived only with a note saying what was tried
+        if c.engine in ("sglang", "router") and c.how == "derived":  # derived only with a note saying what was tried
             assert "recording tried" in (prov.get("cassette/note") or ""), f"{c.id}: derived without a note"
+        if c.engine == "router" and c.how == "recorded":
+            assert "sglang-router" in prov["cassette/engine-version"], c.id
 
 
 @pytest.mark.parametrize("c", ALL, ids=IDS)

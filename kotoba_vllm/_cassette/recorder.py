@@ -137,9 +137,9 @@ def sglang_exchanges(model: str, which: str = "default") -> list[Exchange]:
     gen = _edn("generate", prompt="The capital of France is", model=model, sampling=s)
     stream = {kw("vllm/stream"): True}
     if which == "router":  # sglang-router in front, one request at a time, no queue: its own 429
-        return [Exchange("429-sglang-stream", "send", {**_edn("chat", messages=_chat("hi"), model=model, sampling=s),
-                                                       **stream}, load=1),
-                Exchange("429-sglang-generate-plain", "send", _edn("generate", prompt="hi", model=model), load=1)]
+        return [Exchange("429-sglang-router-stream", "send",
+                         {**_edn("chat", messages=_chat("hi"), model=model, sampling=s), **stream}, load=1),
+                Exchange("429-sglang-router-generate", "send", _edn("generate", prompt="hi", model=model), load=1)]
     if which == "incremental":
         return [Exchange("generate-stream-incremental", "send", {**gen, **stream}),
                 Exchange("generate-queue-full-stream-incremental", "send", {**gen, **stream}, load=2)]

@@ -460,8 +460,15 @@ sglang:prompt_tokens_total{{model_name="{SGL_MODEL}"}} 48211.0
 # ------------------------------------------------------------------------------------------ router
 
 
+ROUTER_NOTE = (
+    "still derived: recording tried with scripts/record-sglang --router; sglang-router 0.3.2 (the router package "
+    "that installs from the index) is recorded as router/429-sglang-router-*: its 429 has an empty body and no "
+    "Retry-After. These keep what a generic router may send (a JSON or text body, Retry-After as delta-seconds or an "
+    "HTTP-date); no vLLM serving layer ran behind a router here")
+
+
 def router() -> list[Cassette]:
-    P = ROUTER_PROV
+    P = {**ROUTER_PROV, kw("cassette/note"): ROUTER_NOTE}
     body = j({"error": {"message": "Too many requests: every backend is at its concurrency limit.",
                         "type": "rate_limit_exceeded", "code": 429}})
     return [
