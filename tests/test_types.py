@@ -27,8 +27,8 @@ def expected() -> dict[int, str]:
 
 # mypy spells out a type alias; this is `Edn`, one level deep.
 EDN_SPELLED = ("None | bool | int | float | decimal.Decimal | str | edn_format.Keyword | edn_format.Symbol | "
-               "edn_format.Char | datetime.datetime | uuid.UUID | list[...] | tuple[..., ...] | frozenset[...] | "
-               "dict[Any, ...]")
+               "edn_format.Char | datetime.datetime | uuid.UUID | typing.Sequence[...] | typing.AbstractSet[...] | "
+               "typing.Mapping[Any, ...]")
 
 
 def short(t: str) -> str:
