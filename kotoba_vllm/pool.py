@@ -28,7 +28,7 @@ import httpx
 
 from ._base_client import server_root
 from ._client import AsyncClient, AsyncStream, Client, Stream
-from ._codec import KW, MANY, NUM, STR
+from ._codec import BOOL, KW, MANY, NUM, STR
 from ._edn import Keyword, kw, read_file
 from ._errors import AdmissionRejected
 from ._model import BACKENDS, Request, StreamDelta
@@ -44,13 +44,17 @@ from .capacity._verdict import Admission, admit, merge_pool_capacity
 @attrs.frozen
 class PoolConfig:
     """`{:pool/members ["http://a:8080" "http://b:8080"] :pool/backend :llamacpp :pool/probe-timeout-s 1.5}`.
-    The API key never lives in the file: pass it, or set KOTOBA_VLLM_API_KEY."""
+    The API key never lives in the file: pass it, or set KOTOBA_VLLM_API_KEY.
+    `:pool/server-load-tracked? true`: the vLLM members run with --enable-server-load-tracking, so
+    their `/load` counts (untracked, vLLM answers 0 whatever the load, and it is not asked)."""
 
     # The "edn" metadata is the key table: the reader's known keys and schemas/pool.edn come from it.
     members: tuple[str, ...] = attrs.field(metadata={"edn": "pool/members", "codec": MANY(STR)})
     backend: str = attrs.field(default="auto", metadata={"edn": "pool/backend", "codec": KW("auto", *BACKENDS)})
     probe_timeout_s: float | None = attrs.field(default=None, metadata={"edn": "pool/probe-timeout-s", "codec": NUM})
     model: str | None = attrs.field(default=None, metadata={"edn": "pool/model", "codec": STR})
+    server_load_tracked: bool = attrs.field(default=False,
+                                            metadata={"edn": "pool/server-load-tracked?", "codec": BOOL})
 
 
 def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
@@ -73,7 +77,10 @@ def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
     model = m.get(kw("pool/model"))
     if model is not None and not isinstance(model, str):
         raise ValueError(f"{where}: :pool/model must be a string")
-    return PoolConfig(tuple(members), backend.name, None if t is None else float(t), model)
+    tracked = m.get(kw("pool/server-load-tracked?"), False)
+    if not isinstance(tracked, bool):
+        raise ValueError(f"{where}: :pool/server-load-tracked? must be true or false")
+    return PoolConfig(tuple(members), backend.name, None if t is None else float(t), model, tracked)
 
 
 def load_pool_config(path: str) -> PoolConfig:
@@ -89,7 +96,7 @@ def load_pool_config(path: str) -> PoolConfig:
 
 class _PoolCore:
     def __init__(self, base_urls: Sequence[str], *, backend: str, probe_timeout: float | httpx.Timeout | None,
-                 affinity_entries: int) -> None:
+                 affinity_entries: int, server_load_tracked: bool = False) -> None:
         members = [server_root(u) for u in base_urls]  # ".../v1" names the same server
         if not members:
             raise ValueError("a pool needs at least one member URL")
@@ -103,6 +110,7 @@ class _PoolCore:
         self.probe_timeout = probe_timeout if isinstance(probe_timeout, httpx.Timeout) else (
             PROBE_TIMEOUT if probe_timeout is None else httpx.Timeout(probe_timeout, connect=min(0.5, probe_timeout)))
         self.affinity = Affinity(affinity_entries)
+        self.server_load_tracked = server_load_tracked
         self._detected: dict[str, str] = {}
         self.last_capacity: PoolCapacity | None = None
 
@@ -191,8 +199,9 @@ class Pool(_PoolCore):
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
-                 affinity_entries: int = 4096) -> None:
-        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+                 affinity_entries: int = 4096, server_load_tracked: bool = False) -> None:
+        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
+                         server_load_tracked=server_load_tracked)
         self.clients: dict[str, Client] = {
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
             for u in self.members}
@@ -206,6 +215,7 @@ class Pool(_PoolCore):
         kwargs.setdefault("backend", config.backend)
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)
+        kwargs.setdefault("server_load_tracked", config.server_load_tracked)
         return cls(config.members, **kwargs)
 
     def close(self) -> None:
@@ -223,7 +233,8 @@ class Pool(_PoolCore):
     def capacity(self) -> PoolCapacity:
         """merge-pool-capacity: every member asked at once."""
         answers = probe_endpoints(self.members, self.backend, http=self._probe_http, headers=self._probe_headers,
-                                  timeout=self.probe_timeout, executor=self._executor, detected=self._detected)
+                                  timeout=self.probe_timeout, executor=self._executor, detected=self._detected,
+                                  load_tracked=self.server_load_tracked)
         return merge_pool_capacity(answers, at=now_iso())
 
     def _admit(self, request: Any, conversation: str | None) -> tuple[Request, Admission, PoolCapacity, Client]:
@@ -315,8 +326,9 @@ class AsyncPool(_PoolCore):
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
-                 affinity_entries: int = 4096) -> None:
-        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+                 affinity_entries: int = 4096, server_load_tracked: bool = False) -> None:
+        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
+                         server_load_tracked=server_load_tracked)
         self.clients: dict[str, AsyncClient] = {
             u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
             for u in self.members}
@@ -328,6 +340,7 @@ class AsyncPool(_PoolCore):
         kwargs.setdefault("backend", config.backend)
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)
+        kwargs.setdefault("server_load_tracked", config.server_load_tracked)
         return cls(config.members, **kwargs)
 
     async def aclose(self) -> None:
@@ -344,7 +357,7 @@ class AsyncPool(_PoolCore):
     async def capacity(self) -> PoolCapacity:
         answers = await aprobe_endpoints(self.members, self.backend, http=self._probe_http,
                                          headers=self._probe_headers, timeout=self.probe_timeout,
-                                         detected=self._detected)
+                                         detected=self._detected, load_tracked=self.server_load_tracked)
         return merge_pool_capacity(answers, at=now_iso())
 
     async def _admit(self, request: Any, conversation: str | None

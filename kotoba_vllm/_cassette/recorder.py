@@ -159,7 +159,8 @@ def server_build(client: httpx.Client, base_url: str, engine: str) -> str | None
 
 
 def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str | None = None,
-           source: str = "", log: Callable[[str], None] = lambda s: None) -> list[Cassette]:
+           source: str = "", simulated: str | None = None,
+           log: Callable[[str], None] = lambda s: None) -> list[Cassette]:
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     out = []
     # No keep-alive: llama-server closes a connection just after a stream ends (DESIGN §7), and a
@@ -193,6 +194,8 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
             kw("cassette/source"): source or f"live {engine} server at {base_url}"}
     if fingerprint:
         prov[kw("cassette/system-fingerprint")] = fingerprint
+    if simulated:
+        prov[kw("cassette/simulated")] = simulated
     return [attrs.evolve(c, provenance=prov) for c in out]
 
 

