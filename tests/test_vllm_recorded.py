@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import attrs
@@ -46,7 +47,7 @@ def test_every_vllm_cassette_is_recorded_from_vllm_0_33_with_the_simulated_part_
         assert c.how == "recorded", c.id
         assert prov["cassette/engine-version"] == "0.33.0", c.id
         assert "engine core" in prov["cassette/simulated"], c.id
-        assert prov["cassette/date"].startswith("2026-"), c.id
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:]+Z", prov["cassette/date"]), c.id
 
 
 def test_the_fake_engine_core_holds_no_response_or_error_text() -> None:
@@ -269,3 +270,22 @@ def test_a_reasoning_only_answer_has_empty_text_and_its_reasoning(name: str, mod
                             for p in sse_payloads(c.raw) if p.strip() != "[DONE]" and json.loads(p).get("choices"))
         assert r.reasoning == reasoning
     assert r.reasoning  # the whole answer is there
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name,reason", [("error-engine-busy", "engine-busy"),
+                                         ("error-prefill-backlog", "prefill-backlog")])
+def test_a_raced_admission_inside_a_stream_is_admission_rejected_with_the_text_so_far(name: str, reason: str,
+                                                                                    mode: str) -> None:
+    """Two requests racing past vLLM's pre-check: the loser's rejection comes inside the 200 stream
+    (seen in the server log, not recorded). vLLM's create_streaming_error_response dumps the same
+    ErrorResponse as the 503 body, so that recorded body is the in-stream line here."""
+    first = cassette("chat-stream")
+    head = sse_payloads(first.raw)[:2]  # the role chunk and one text chunk
+    chunks = tuple(f"data: {p}\n\n".encode() for p in head) + (b"data: " + cassette(name).raw + b"\n\n",
+                                                               b"data: [DONE]\n\n")
+    raced = attrs.evolve(first, chunks=chunks)
+    out = run(raced, mode)
+    assert isinstance(out.error, AdmissionRejected) and out.error.reason == reason
+    text = json.loads(head[1])["choices"][0]["delta"]["content"]
+    assert out.error.partial_text == text and len(out.sent) == 1
