@@ -289,3 +289,42 @@ def test_a_raced_admission_inside_a_stream_is_admission_rejected_with_the_text_s
     assert isinstance(out.error, AdmissionRejected) and out.error.reason == reason
     text = json.loads(head[1])["choices"][0]["delta"]["content"]
     assert out.error.partial_text == text and len(out.sent) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tracked", [False, True])
+def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
+    import respx
+
+    from kotoba_vllm import AsyncPool, Pool
+    url = "http://vllm.invalid:8000"
+    with respx.mock(assert_all_called=False) as m:
+        m.get(url + "/metrics").respond(200, content=cassette_body(cassette("metrics-busy")),
+                                        headers={"content-type": cassette("metrics-busy").headers["content-type"]})
+        load = m.get(url + "/load").respond(200, content=cassette("load-tracked").raw)
+        if mode == "sync":
+            with Pool([url], backend="vllm", server_load_tracked=tracked) as pool:
+                cap = pool.capacity()
+        else:
+            async def go() -> Any:
+                async with AsyncPool([url], backend="vllm", server_load_tracked=tracked) as pool:
+                    return await pool.capacity()
+            cap = asyncio.run(go())
+    a = cap.members[0]
+    assert load.called is tracked
+    assert a.queue.server_load == (json.loads(cassette("load-tracked").raw)["server_load"] if tracked else None)
+
+
+@pytest.mark.parametrize("flag", [[], ["--server-load-tracked"]])
+def test_capacity_cli_reports_load_only_when_declared(flag: list[str], capsys: Any) -> None:
+    import respx
+
+    from kotoba_vllm.cli import main
+    url = "http://vllm.invalid:8000"
+    with respx.mock(assert_all_called=False) as m:
+        m.get(url + "/metrics").respond(200, content=cassette_body(cassette("metrics-busy")))
+        load = m.get(url + "/load").respond(200, content=cassette("load-tracked").raw)
+        assert main(["capacity", url, "--backend", "vllm", *flag]) == 1  # one waiting: measured busy
+    out = capsys.readouterr().out
+    assert load.called is bool(flag)
+    assert (":capacity/server-load 2" in out) is bool(flag)
