@@ -198,6 +198,8 @@ def test_bench_reads_vllms_own_prefill_decode_and_ttft() -> None:
     v = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert r.prefill.tokens == v["vllm:prompt_tokens_total"]
     assert r.prefill.seconds == pytest.approx(v["vllm:request_prefill_time_seconds_sum"], abs=1e-6)
+    assert r.prefill.seconds > 0 and r.prefill.tokens_per_s == pytest.approx(r.prefill.tokens / r.prefill.seconds,
+                                                                             rel=1e-3)
     first_tokens = v["vllm:request_decode_time_seconds_count"]
     assert r.decode.tokens == v["vllm:generation_tokens_total"] - first_tokens
     assert r.ttft is not None and r.ttft.n == v["vllm:time_to_first_token_seconds_count"] > 0

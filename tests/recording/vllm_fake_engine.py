@@ -5,7 +5,7 @@ HTTP status, bodies, error and admission messages, detokenized text, stop string
 tool-call and reasoning parsing, Prometheus metrics — is written by vLLM's code from what this
 returns: token ids, finish reasons, engine events, and scheduler stats. It holds no text.
 
-What it answers (one token per step, a fixed step interval):
+What it answers (scheduled in one step, then one token per step, a fixed step interval):
 - chat: the token ids of the last user turn (between the `user` marker id and the turn-end id),
   then EOS; completion (no marker in the prompt): the prompt's own ids, then EOS. Past max_tokens:
   finish LENGTH.
@@ -119,10 +119,11 @@ class FakeEngineCore(EngineCoreClient):
         order = list(self.reqs.values())
         running = order[: self.max_running]
         for r in running:
+            if not r.scheduled:  # scheduled this step; its prefill yields the first token next step
+                r.scheduled = True
+                r.events.append(EngineCoreEvent.new_event(EngineCoreEventType.SCHEDULED, now))
+                continue
             if now - r.arrived < self.hold_s:
-                if not r.scheduled:
-                    r.scheduled = True
-                    r.events.append(EngineCoreEvent.new_event(EngineCoreEventType.SCHEDULED, now))
                 continue
             outputs.append(self._step(r, now))
         for o in outputs:
@@ -140,9 +141,6 @@ class FakeEngineCore(EngineCoreClient):
 
     def _step(self, r: _Req, now: float) -> EngineCoreOutput:
         first = r.sent == 0
-        if not r.scheduled:
-            r.scheduled = True
-            r.events.append(EngineCoreEvent.new_event(EngineCoreEventType.SCHEDULED, now))
         tok = r.answer[min(r.sent, len(r.answer) - 1)]
         r.sent += 1
         finish = None
