@@ -12,7 +12,8 @@ HELP = "record contract-test cassettes from a live server (one EDN file per exch
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="the live server, e.g. http://127.0.0.1:8080")
     p.add_argument("--engine", required=True, choices=["llamacpp", "vllm", "sglang"],
-                   help="which exchange set to send (llama.cpp is recorded here; vLLM/SGLang need --model and a GPU)")
+                   help="which engine's exchanges to send (vLLM and SGLang need --model; scripts/record-llamacpp "
+                        "and scripts/record-vllm start a local server and call this)")
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
     p.add_argument("--set", default="default", choices=["default", "parsers", "busy", "backlog", "engine-death"],
