@@ -79,7 +79,8 @@ def test_edn_file_round_trips(c: Cassette) -> None:
 
 # Recorded answers the SDK now prevents: the request is refused before sending (one problem code),
 # and the recording shows the engine's own refusal it avoids (vLLM's 400 for greedy n > 1).
-REFUSED_BEFORE_SENDING = {"vllm/error-greedy-n2": "sampling/greedy-n", "vllm/error-greedy-n2-stream": "sampling/greedy-n"}
+REFUSED_BEFORE_SENDING = {"vllm/error-greedy-n2": "sampling/greedy-n",
+                          "vllm/error-greedy-n2-stream": "sampling/greedy-n"}
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

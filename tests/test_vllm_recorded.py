@@ -114,7 +114,8 @@ def test_streamed_logprobs_are_kept_on_deltas_and_on_the_final_choice(name: str,
                                                                       mode: str) -> None:
     c = cassette(name)
     chunks = [json.loads(p) for p in sse_payloads(c.raw) if p.strip() != "[DONE]"]
-    per_chunk = [ch["choices"][0]["logprobs"] for ch in chunks if ch.get("choices") and ch["choices"][0].get("logprobs")]
+    per_chunk = [ch["choices"][0]["logprobs"] for ch in chunks
+                 if ch.get("choices") and ch["choices"][0].get("logprobs")]
     assert per_chunk, "the recording streams logprobs"
     out = run(c, mode)
     assert out.error is None
