@@ -54,6 +54,10 @@ def _chat(text: str) -> list[dict[Keyword, Any]]:
     return [_m(role=kw("user"), content=text)]
 
 
+# Public doors for the per-engine exchange sets (vllm_sets): a {:vllm/..} map, a request, a user turn.
+vllm_map, edn_request, user_chat = _m, _edn, _chat
+
+
 def sampling(max_tokens: int = 8) -> dict[Keyword, Any]:
     return _m(temperature=0.0, seed=42, max_tokens=max_tokens)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record
+from .._cassette.vllm_sets import vllm_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
 
@@ -38,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
     elif args.model and args.engine == "vllm":
-        from .._cassette.vllm_sets import vllm_exchanges
         exchanges = vllm_exchanges(args.model, args.set)
     elif args.model:
         exchanges = engine_exchanges(args.engine, args.model)
