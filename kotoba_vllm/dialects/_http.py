@@ -137,15 +137,17 @@ def _reason_from(err: dict[str, Any], body: Any) -> str | None:
     return None
 
 
-def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None) -> ServerError:
-    """An error object that arrived inside a 200 SSE stream: typed, never text."""
+def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None,
+                 raw: str | None = None) -> ServerError:
+    """An error object that arrived inside a 200 SSE stream: typed, never text. `raw`: the chunk it
+    came in, when the error object was read out of a larger payload."""
     err = error_object(obj) or obj
     message = str(err.get("message") or json.dumps(err))
     code = err.get("code")
     status = code if isinstance(code, int) else None
     etype = err.get("type")
     lowered = message.lower()
-    raw = json.dumps(obj)
+    raw = raw if raw is not None else json.dumps(obj)
     admission = admission_reason_503(lowered)  # inside a stream the code may be absent or 200
     if status == 429 or admission is not None:
         reason = admission or "rate-limited"
