@@ -1,10 +1,14 @@
 """The EDN boundary: a position-aware reader and compact / pretty writers.
 
-`edn_format` supplies the value vocabulary (`Keyword`, `Symbol`, `Char`) and the
-compact writer. Its reader keeps no positions, silently merges duplicate map keys
-and raises NotImplementedError on unknown tags, so reading is done here: every
-error names the source, line and column. Maps read as `dict`, vectors as `list`,
-lists as `tuple`, sets as `frozenset`.
+`edn_format` supplies the value vocabulary (`Keyword`, `Symbol`, and `Char`, refined here).
+Its reader keeps no positions, silently merges duplicate map keys and raises
+NotImplementedError on unknown tags, so reading is done here: every error names the
+source, line and column. Maps read as `dict`, vectors as `list`, lists as `tuple`, sets as
+`frozenset`, `7N` as `BigInt`, `1.5M` as `Decimal`.
+
+The reference is `clojure.edn/read` (docs/clojure-compat.md): whatever it accepts reads the
+same here or is refused with a position, never read differently; whatever `dumps` writes,
+both readers read back (tests/test_clojure_interop.py holds both to the real reader).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import edn_format
 from edn_format import Keyword, Symbol
 
 __all__ = [
-    "BigInt", "Char", "EdnError", "Form", "Keyword", "Symbol", "WHITESPACE", "dumps", "is_keyword_name", "keyword_or_string", "kw",
-    "pretty", "read_all", "read_file", "read_forms", "read_one",
+    "BigInt", "Char", "EdnError", "Form", "Keyword", "Symbol", "WHITESPACE", "dumps", "is_keyword_name",
+    "keyword_or_string", "kw", "pretty", "read_all", "read_file", "read_forms", "read_one",
 ]
 
 # edn_format hashes a Keyword by building an ImmutableDict of its __dict__ on every call
@@ -43,7 +47,8 @@ def kw(name: str) -> Keyword:
 # What the writer turns into a keyword: the EDN spec's symbol rules, narrowed to what every reader
 # (ours, clojure.edn, edn_format) reads back to the same keyword. No ':' '#' or "'" inside, no leading
 # digit, and '+', '-' or '.' first only when a non-digit follows.
-_KW_SEGMENT = r"(?:[A-Za-z*!_?$%&=<>][A-Za-z0-9*!_?$%&=<>.+\-]*|[.+\-](?:[A-Za-z*!_?$%&=<>.+\-][A-Za-z0-9*!_?$%&=<>.+\-]*)?)"
+_KW_SEGMENT = (r"(?:[A-Za-z*!_?$%&=<>][A-Za-z0-9*!_?$%&=<>.+\-]*"
+               r"|[.+\-](?:[A-Za-z*!_?$%&=<>.+\-][A-Za-z0-9*!_?$%&=<>.+\-]*)?)")
 _KW_NAME = re.compile(f"(?:{_KW_SEGMENT}/)?{_KW_SEGMENT}")
 
 
