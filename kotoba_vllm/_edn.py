@@ -34,6 +34,7 @@ __all__ = [
 Keyword.__hash__ = lambda self: hash(self._name)  # type: ignore[method-assign]
 
 _KW_CACHE: dict[str, Keyword] = {}
+_KW_READ: dict[str, Keyword] = {}  # ":name" tokens already checked, so a file's keywords are checked once
 
 
 def kw(name: str) -> Keyword:
@@ -336,10 +337,13 @@ class _Reader:
 
     def atom(self, tok: str, pos: int) -> Any:
         if tok[0] == ":":
-            name = tok[1:]
-            if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
-                raise self.fail(f"invalid keyword {tok!r}", pos)
-            return kw(name)
+            k = _KW_READ.get(tok)
+            if k is None:
+                name = tok[1:]
+                if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
+                    raise self.fail(f"invalid keyword {tok!r}", pos)
+                k = _KW_READ[tok] = kw(name)
+            return k
         if tok == "nil":
             return None
         if tok == "true":
