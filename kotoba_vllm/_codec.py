@@ -16,20 +16,13 @@ from typing import Any, Callable, Iterable, TypeVar
 import attrs
 import cattrs
 
-from ._edn import Char, Form, Keyword, Symbol, is_keyword_name, keyword_or_string, kw
+from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
+from ._errors import StructureError
 from ._problems import Problem
 
 T = TypeVar("T")
 
 edn_converter = cattrs.Converter()
-
-
-class StructureError(ValueError):
-    """The EDN could not become the typed value; `problems` says where and why."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
 
 
 class Ctx:
@@ -206,7 +199,7 @@ def ONE_OF(*options: Codec) -> Codec:
 
 
 class _Nested(Codec):
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
         self.name = f"a {cls.__name__} map"
 
@@ -247,7 +240,6 @@ ANY = Codec()
 
 
 def describe(v: Any) -> str:
-    from ._edn import dumps
 
     try:
         text = dumps(v)
@@ -282,7 +274,7 @@ def _non_json(v: Any) -> str | None:
     return describe(v)
 
 
-def edn_to_json(v: Any) -> Any:
+def edn_to_json(v: Edn) -> Any:
     """EDN data -> JSON-ready Python: keywords become their (unqualified) names."""
     if isinstance(v, dict):
         return {(k.name.rsplit("/", 1)[-1] if isinstance(k, Keyword) else k): edn_to_json(x) for k, x in v.items()}
@@ -297,16 +289,17 @@ def edn_to_json(v: Any) -> Any:
     return v
 
 
-def json_to_edn(v: Any) -> Any:
+def json_to_edn(v: Any) -> Edn:
     """JSON value -> EDN data: object keys become plain keywords (`{"prompt_n": 4}` -> `{:prompt_n 4}`)."""
     if isinstance(v, dict):
-        return {kw(k) if _plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
+        return {kw(k) if plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
     if isinstance(v, list):
         return [json_to_edn(x) for x in v]
-    return v
+    scalar: Edn = v  # JSON's other values (str, int, float, bool, None) are EDN as they are
+    return scalar
 
 
-def _plain_key(k: Any) -> bool:
+def plain_key(k: Any) -> bool:
     # a JSON key becomes a keyword only when every EDN reader reads it back as that key; "/" would add a namespace
     return isinstance(k, str) and "/" not in k and is_keyword_name(k)
 
@@ -356,7 +349,7 @@ class _Spec:
 _SPECS: dict[type, _Spec] = {}
 
 
-def _spec(cls: type) -> _Spec:
+def class_spec(cls: type) -> _Spec:
     s = _SPECS.get(cls)
     if s is None:
         s = _SPECS[cls] = _Spec(cls)
@@ -364,7 +357,7 @@ def _spec(cls: type) -> _Spec:
 
 
 def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Keyword] = ()) -> T | None:
-    spec = _spec(cls)
+    spec = class_spec(cls)
     kwargs: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     before = len(ctx.problems)
@@ -404,7 +397,7 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Key
 
 
 def _unstructure(obj: Any) -> dict[Keyword, Any]:
-    spec = _spec(type(obj))
+    spec = class_spec(type(obj))
     out: dict[Keyword, Any] = {}
     for name, k, codec in spec.fields:
         v = getattr(obj, name)
@@ -420,7 +413,7 @@ def _unstructure(obj: Any) -> dict[Keyword, Any]:
 
 def register(cls: type[T]) -> type[T]:
     """Class decorator: register EDN hooks for an attrs class on `edn_converter`."""
-    _spec(cls)
+    class_spec(cls)
     edn_converter.register_unstructure_hook(cls, _unstructure)
 
     def structure(m: Any, _: type) -> Any:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from .._edn import Keyword, keyword_or_string, kw
+from ..cassettes import sse_payloads
 
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
 # Gauges the capacity probes read from each engine's /metrics: a re-recording without one fails.
@@ -32,8 +33,9 @@ def _fr(v: Any) -> Keyword | str | None:
 def _err_obj(obj: Any) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         return None
-    if isinstance(obj.get("error"), dict):
-        return obj["error"]  # type: ignore[no-any-return]
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return err
     if isinstance(obj.get("error"), str):
         return {"message": obj["error"]}
     if obj.get("object") == "error":
@@ -92,7 +94,6 @@ def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> d
 
 
 def _payloads(raw: bytes) -> list[Any]:
-    from ..cassettes import sse_payloads
     out = []
     for p in sse_payloads(raw):
         if p.strip() == "[DONE]":
