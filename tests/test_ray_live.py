@@ -229,6 +229,10 @@ def test_parquet_in_and_out_and_resume_sends_only_what_has_no_record(cluster: An
     assert t.column("request_id").to_pylist()[4] == "req-4"
     summary = read_one(open(os.path.join(out, "summary.edn")).read())
     assert summary[kw("batch/recorded")] == 30 and summary[kw("batch/outcomes")][kw("validation")] == 2
+    schema = read_one(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "ray.edn")).read())
+    assert set(summary) == set(schema[kw("shape/RaySummary")][kw("schema/keys")])
+    assert [f"column/{c}" for c in t.column_names if c not in ("request", "tag", "where")] == \
+        [k.name for k in schema[kw("shape/RayRow")]]
 
     # Lose one part file (its records), then --resume: only those inputs are sent again.
     victim = sorted(glob.glob(os.path.join(out, "part-*.parquet")))[1]

@@ -62,6 +62,18 @@ def batch_samples() -> list[dict[Any, Any]]:
     return [done.to_edn(), cut.to_edn()]
 
 
+def ray_summary_samples() -> list[dict[Any, Any]]:
+    from collections import Counter
+
+    from ..ray._driver import summary_edn
+
+    stats = {"outcomes": Counter({"ok": 9, "admission-rejected": 1}), "rows": 10, "sent": 11, "maybe_sent_twice": 1,
+             "files": 2}
+    return [summary_edn(stats, already_done=0, elapsed_s=2.0, output="out/"),
+            summary_edn(dict(stats, outcomes=Counter(), rows=0, sent=0, maybe_sent_twice=0, files=0),
+                        already_done=10, elapsed_s=0.0, output="out/")]
+
+
 def bench_samples() -> list[dict[Any, Any]]:
     from ..bench.metrics import Rate, ServerRates
     from ..bench.report import summary_edn

@@ -101,15 +101,15 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
-    fmt = detect_input_format(path, fmt)
-    if fmt not in FORMATS:
+    kind = detect_input_format(path, fmt)
+    if kind not in FORMATS:
         raise ValueError(f"input format must be one of {', '.join(FORMATS)}")
     if block_rows < 1:
         raise ValueError("block_rows must be >= 1")
 
     class RequestFile(Datasource):  # type: ignore[misc]
         def get_name(self) -> str:
-            return f"Requests({fmt})"
+            return f"Requests({kind})"
 
         def estimate_inmemory_data_size(self) -> int | None:
             return os.path.getsize(path)
@@ -117,8 +117,8 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[Any]:
             meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=[path])
-            if fmt != "parquet":
-                return [ReadTask(lambda: _text_blocks(path, fmt, block_rows, skip), meta)]
+            if kind != "parquet":
+                return [ReadTask(lambda: _text_blocks(path, kind, block_rows, skip), meta)]
             import pyarrow.parquet as pq
             md = pq.ParquetFile(path).metadata
             tasks, first = [], 0
