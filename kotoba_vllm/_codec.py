@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import attrs
 import cattrs
 
-from ._edn import Char, Form, Keyword, Symbol, kw
+from ._edn import Char, Form, Keyword, Symbol, is_keyword_name, keyword_or_string, kw
 from ._problems import Problem
 
 T = TypeVar("T")
@@ -117,6 +117,46 @@ class _Kw(Codec):
 
 def KW(*choices: str, namespace: str | None = None) -> Codec:
     return _Kw(choices or None, namespace)
+
+
+class _Word(Codec):
+    """A server's word (a finish reason): a keyword when it can be one, else the string as sent.
+
+    Python holds the server's spelling (`"tool_calls"`, `"stop sequence"`); EDN holds
+    `:tool_calls` or `"stop sequence"`, as the Clojure library does for valid keywords.
+    """
+
+    name = "a keyword or a string"
+
+    def to_edn(self, v: Any) -> Any:
+        return keyword_or_string(v)
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if isinstance(v, Keyword):
+            return v.name
+        if type(v) is str:
+            return v
+        raise _Bad(f"expected {self.name}, got {describe(v)}")
+
+
+WORD = _Word()
+
+
+class _NilWhenEmpty(Codec):
+    """Text that is nil in EDN when empty (a final stream delta), "" in Python so deltas join."""
+
+    name = "a string or nil"
+
+    def to_edn(self, v: Any) -> Any:
+        return v or None
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if type(v) is not str:
+            raise _Bad(f"expected {self.name}, got {describe(v)}")
+        return v
+
+
+TEXT_OR_NIL = _NilWhenEmpty()
 
 
 class _Many(Codec):
@@ -265,17 +305,20 @@ def json_to_edn(v: Any) -> Any:
 
 
 def _plain_key(k: Any) -> bool:
-    # ASCII only: the EDN reader (and Clojure's) takes no other letters in a keyword
-    return isinstance(k, str) and bool(k) and k.isascii() and k.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() \
-        and not k[0].isdigit()
+    # a JSON key becomes a keyword only when every EDN reader reads it back as that key; "/" would add a namespace
+    return isinstance(k, str) and "/" not in k and is_keyword_name(k)
 
 
 # ------------------------------------------------------------------ fields
 
 
-def edn_field(key: str, codec: Codec = ANY, default: Any = None, **kwargs: Any) -> Any:
-    """An attrs field that reads and writes EDN key `key` (e.g. "vllm/model")."""
-    return attrs.field(default=default, metadata={"edn": key, "codec": codec}, **kwargs)
+def edn_field(key: str, codec: Codec = ANY, default: Any = None, *, always: bool = False, **kwargs: Any) -> Any:
+    """An attrs field that reads and writes EDN key `key` (e.g. "vllm/model").
+    `always`: written even when nil (a stream delta's `:vllm/delta` and `:vllm/finish-reason`)."""
+    meta = {"edn": key, "codec": codec}
+    if always:
+        meta["always"] = True
+    return attrs.field(default=default, metadata=meta, **kwargs)
 
 
 EXTRAS_META = "edn_extras"
@@ -287,7 +330,7 @@ def extras_field(namespaces: tuple[str, ...]) -> Any:
 
 
 class _Spec:
-    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required")
+    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required", "always")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -296,6 +339,7 @@ class _Spec:
         self.extras_attr: str | None = None
         self.extras_ns: tuple[str, ...] = ()
         self.required: list[str] = []
+        self.always: frozenset[str] = frozenset(a.name for a in attrs.fields(cls) if a.metadata.get("always"))
         for a in attrs.fields(cls):
             if EXTRAS_META in a.metadata:
                 self.extras_attr, self.extras_ns = a.name, a.metadata[EXTRAS_META]
@@ -363,7 +407,9 @@ def _unstructure(obj: Any) -> dict[Keyword, Any]:
     for name, k, codec in spec.fields:
         v = getattr(obj, name)
         if v is not None:
-            out[k] = codec.to_edn(v)
+            v = codec.to_edn(v)
+        if v is not None or name in spec.always:
+            out[k] = v
     if spec.extras_attr is not None:
         for name, v in getattr(obj, spec.extras_attr).items():
             out[kw(name)] = v

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._edn import Keyword, kw
+from ._edn import Keyword, keyword_or_string, kw
 from ._problems import Problem
 
 _MAX_RAW = 4096
@@ -167,7 +167,7 @@ class AdmissionRejected(ServerError):
         self.reason, self.retry_after_s, self.sent, self.capacity = reason, retry_after_s, sent, capacity
 
     def _fields(self) -> dict[str, Any]:
-        out = {"vllm/reason": kw(self.reason), "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
+        out = {"vllm/reason": keyword_or_string(self.reason), "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
         out.update(super()._fields())
         out["vllm/capacity"] = self.capacity
         return out

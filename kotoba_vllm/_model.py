@@ -10,7 +10,7 @@ from typing import Any, Union
 
 import attrs
 
-from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR,
+from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register)
 from ._edn import Keyword
 
@@ -216,7 +216,8 @@ class Timings:
 class Choice:
     index: int = edn_field("vllm/index", INT, default=0)
     text: str | None = edn_field("vllm/text", STR)
-    finish_reason: str | None = edn_field("vllm/finish-reason", KW())
+    # the server's spelling ("tool_calls"); EDN :tool_calls, or a string when it is no keyword
+    finish_reason: str | None = edn_field("vllm/finish-reason", WORD)
     tool_calls: tuple[ToolCall, ...] | None = edn_field("vllm/tool-calls", MANY(NESTED(ToolCall)))
     reasoning: str | None = edn_field("vllm/reasoning-content", STR)
     logprobs: Any = edn_field("vllm/logprobs", JSON)
@@ -252,10 +253,14 @@ class Response:
 @register
 @attrs.frozen
 class StreamDelta:
-    """`{:vllm/delta "He" :vllm/finish-reason nil}`: one increment of streamed text."""
+    """`{:vllm/delta "He" :vllm/finish-reason nil}`: one increment of streamed text.
 
-    delta: str = edn_field("vllm/delta", STR, default="")
-    finish_reason: str | None = edn_field("vllm/finish-reason", KW())
+    Both keys are always written, as the Clojure library writes them; a delta with no text
+    (the last one, carrying only the finish reason) is `:vllm/delta nil` in EDN and "" here.
+    """
+
+    delta: str = edn_field("vllm/delta", TEXT_OR_NIL, default="", always=True)
+    finish_reason: str | None = edn_field("vllm/finish-reason", WORD, always=True)
     index: int | None = edn_field("vllm/index", INT)
     reasoning: str | None = edn_field("vllm/reasoning-delta", STR)
     tool_calls: Any = edn_field("vllm/tool-call-deltas", JSON)

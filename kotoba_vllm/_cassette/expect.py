@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._edn import Keyword, kw
+from .._edn import Keyword, keyword_or_string, kw
 
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
 # Gauges the capacity probes read from each engine's /metrics: a re-recording without one fails.
@@ -22,10 +22,11 @@ RELIED_METRICS = {
 QUEUE_FULL = "queue is full"
 
 
-def _fr(v: Any) -> Keyword | None:
+def _fr(v: Any) -> Keyword | str | None:
+    """The server's spelling, a keyword when it can be one (as the SDK writes it)."""
     if isinstance(v, dict):
         v = v.get("type")
-    return kw(v.replace("_", "-")) if isinstance(v, str) and v else None
+    return keyword_or_string(v) if isinstance(v, str) and v else None
 
 
 def _err_obj(obj: Any) -> dict[str, Any] | None:

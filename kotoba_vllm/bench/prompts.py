@@ -78,7 +78,7 @@ def prepared(req: BenchRequest, *, base_url: str | None, max_tokens: int | None,
     if sampling.max_tokens is None and max_tokens is not None:
         sampling = attrs.evolve(sampling, max_tokens=max_tokens)
     changes: dict[str, Any] = {"stream": True, "base_url": base_url, "sampling": sampling}
-    if model is not None and req.model is None:
+    if model is not None:  # the flag names what this run sends, over the file's own
         changes["model"] = model
     out = attrs.evolve(req, **changes)
     return with_nonce(out, nonce) if nonce else out

@@ -121,7 +121,7 @@ def _reason_from(err: dict[str, Any], body: Any) -> str | None:
         for key in ("reason", "code", "type"):
             v = src.get(key)
             if isinstance(v, str) and v and not v.isdigit():
-                return v.replace("_", "-").lower()
+                return v  # as the server said it; EDN makes it a keyword only when it reads back as one
     return None
 
 

@@ -478,12 +478,10 @@ def _str(v: Any) -> str | None:
 
 
 def _reason(v: Any) -> str | None:
-    if isinstance(v, str) and v:
-        return v.replace("_", "-")
+    """The finish reason as the server spelled it ("tool_calls"), as the Clojure library keeps it."""
     if isinstance(v, dict):  # SGLang: {"type": "length", ...}
-        t = v.get("type")
-        return t.replace("_", "-") if isinstance(t, str) else None
-    return None
+        v = v.get("type")
+    return v if isinstance(v, str) and v else None
 
 
 DIALECT = Dialect()
