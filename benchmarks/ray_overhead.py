@@ -45,11 +45,11 @@ def _write(path: str, n: int, line: Any) -> None:
             fh.write(line(i) + "\n")
 
 
-def _ray_cpu_s(exclude: int | None = None) -> float:
-    """CPU seconds of every live Ray process on this machine (and this driver)."""
-    total = 0.0
+def _ray_cpu() -> dict[int, float]:
+    """CPU seconds of every live Ray process on this machine (and this driver), by pid."""
+    out = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == exclude:
+        if not pid.isdigit():
             continue
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
@@ -58,8 +58,32 @@ def _ray_cpu_s(exclude: int | None = None) -> float:
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
+        out[int(pid)] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+class RayCpu:
+    """CPU every Ray process spent while the block runs, sampled often enough to count the workers
+    Ray Data starts and ends inside it (their start-up included)."""
+
+    def __enter__(self) -> "RayCpu":
+        import threading
+        self.start = _ray_cpu()
+        self.last = dict(self.start)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self.done.wait(0.2):
+            self.last.update(_ray_cpu())
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        self.thread.join()
+        self.last.update(_ray_cpu())
+        self.seconds = sum(v - self.start.get(pid, 0.0) for pid, v in self.last.items())
 
 
 def _plain(path: str, url: str, concurrency: int) -> tuple[float, float]:
@@ -110,12 +134,14 @@ def ray_run(path: str, url: str, n: int, concurrency: int, block_rows: int) -> d
     from kotoba_vllm.ray._driver import run_pipeline
     out = tempfile.mkdtemp(prefix="ray-bench-")
     cpu_dir = tempfile.mkdtemp(prefix="ray-bench-cpu-")
-    cpu0, t = _ray_cpu_s(), time.perf_counter()
+    t = time.perf_counter()
     try:
-        run_pipeline(path, out, pool=[url], backend="openai", block_rows=block_rows, actors=2, actor_cpus=0.5,
-                     concurrency=concurrency, stage=_measured_stage(), stage_kwargs={"cpu_dir": cpu_dir})
+        with RayCpu() as total:
+            run_pipeline(path, out, pool=[url], backend="openai", block_rows=block_rows, actors=2,
+                         actor_cpus=0.5, concurrency=concurrency, stage=_measured_stage(),
+                         stage_kwargs={"cpu_dir": cpu_dir})
         wall = time.perf_counter() - t
-        cpu = _ray_cpu_s() - cpu0
+        cpu = total.seconds
         actor_cpu = sum(json.load(open(os.path.join(cpu_dir, f))) for f in os.listdir(cpu_dir))
     finally:
         shutil.rmtree(out, ignore_errors=True)
