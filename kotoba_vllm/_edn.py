@@ -14,73 +14,42 @@ import re
 import sys
 import uuid
 from decimal import Decimal
-from typing import Any, Callable, Iterator, TextIO
+from typing import AbstractSet, Any, Callable, Iterator, Mapping, Sequence, TextIO, TypeAlias, Union
 
 import edn_format
 from edn_format import Keyword, Symbol
 
+from ._errors import EdnError, EdnWriteError
+from ._keywords import is_keyword_name, keyword_or_string, kw
+
 __all__ = [
-    "BigInt", "Char", "EdnError", "Form", "Keyword", "Symbol", "WHITESPACE", "dumps", "is_keyword_name", "keyword_or_string", "kw",
-    "pretty", "read_all", "read_file", "read_forms", "read_one",
+    "BigInt", "Char", "Edn", "EdnError", "EdnMap", "Form", "Keyword", "Symbol", "WHITESPACE", "dumps",
+    "is_keyword_name", "keyword_or_string", "kw", "pretty", "read_all", "read_file", "read_forms", "read_one",
 ]
 
-# edn_format hashes a Keyword by building an ImmutableDict of its __dict__ on every call
-# (~1.8 us); keyword-keyed dict lookups made that a third of reading a request file.
-# Equal keywords have equal names, so hashing the name keeps hash/eq consistent.
-Keyword.__hash__ = lambda self: hash(self._name)  # type: ignore[method-assign]
+Edn: TypeAlias = Union[None, bool, int, float, Decimal, str, Keyword, Symbol, edn_format.Char, _dt.datetime, uuid.UUID,
+                       Sequence["Edn"], AbstractSet["Edn"], Mapping[Any, "Edn"]]
+"""An EDN value: nil, booleans, numbers, strings, keywords, symbols, characters, #inst, #uuid,
+and collections of EDN values. The reader returns vectors as `list`, lists as `tuple`, sets as
+`frozenset` and maps as `dict` (`isinstance` tells them apart); the collections are typed by
+their read-only protocols so that a `list[str]` or a `dict[Keyword, int]` is an `Edn` too (a
+`list[Edn]` alone would refuse them: `list` is invariant). Map keys are `Any` for the same reason:
+`Mapping` is invariant in its key."""
 
-_KW_CACHE: dict[str, Keyword] = {}
-
-
-def kw(name: str) -> Keyword:
-    """An interned `Keyword` (`kw("vllm/model")` is `:vllm/model`)."""
-    k = _KW_CACHE.get(name)
-    if k is None:
-        k = _KW_CACHE[name] = Keyword(name)
-    return k
-
-
-# What the writer turns into a keyword: the EDN spec's symbol rules, narrowed to what every reader
-# (ours, clojure.edn, edn_format) reads back to the same keyword. No ':' '#' or "'" inside, no leading
-# digit, and '+', '-' or '.' first only when a non-digit follows.
-_KW_SEGMENT = r"(?:[A-Za-z*!_?$%&=<>][A-Za-z0-9*!_?$%&=<>.+\-]*|[.+\-](?:[A-Za-z*!_?$%&=<>.+\-][A-Za-z0-9*!_?$%&=<>.+\-]*)?)"
-_KW_NAME = re.compile(f"(?:{_KW_SEGMENT}/)?{_KW_SEGMENT}")
-
-
-def is_keyword_name(s: str) -> bool:
-    """True when `:s` is a keyword every EDN reader reads back as `s` ("tool_calls" yes, "stop sequence" no)."""
-    return _KW_NAME.fullmatch(s) is not None
-
-
-def keyword_or_string(s: str) -> Keyword | str:
-    """A server's word as a keyword when it can be one (`:content_filter`), else the string as sent."""
-    return kw(s) if is_keyword_name(s) else s
-
-
-class EdnError(ValueError):
-    """Bad EDN text, located: `source:line:column: message`."""
-
-    def __init__(self, msg: str, source: str = "<string>", line: int = 0, column: int = 0) -> None:
-        self.msg, self.source, self.line, self.column = msg, source, line, column
-        super().__init__(f"{source}:{line}:{column}: {msg}")
-
-    def to_edn(self) -> dict[Keyword, Any]:
-        return {kw("vllm/error"): kw("edn-syntax"), kw("vllm/message"): self.msg,
-                kw("vllm/source"): self.source, kw("vllm/line"): self.line,
-                kw("vllm/column"): self.column}
-
+EdnMap: TypeAlias = Mapping[Keyword, Edn]
+"""A map with keyword keys: an EDN request (`{:vllm/endpoint :chat ...}`), a result, a spec."""
 
 class Form:
     """One top-level form and where it started."""
 
     __slots__ = ("value", "source", "line", "column", "index", "_reader")
 
-    def __init__(self, value: Any, source: str, line: int, column: int, index: int,
+    def __init__(self, value: Edn, source: str, line: int, column: int, index: int,
                  reader: "_Reader | None" = None) -> None:
         self.value, self.source, self.line, self.column, self.index = value, source, line, column, index
         self._reader = reader
 
-    def locate(self, mapping: Any, key: Any) -> tuple[int, int] | None:
+    def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
         """Line and column of `key` inside a map read as part of this form."""
         r = self._reader
         off = r.key_offsets.get(id(mapping), {}).get(key) if r is not None else None
@@ -89,6 +58,11 @@ class Form:
     @property
     def where(self) -> str:
         return f"{self.source}:{self.line}:{self.column}"
+
+    def nested(self, value: Edn) -> Form:
+        """A form for `value`, read inside this one (an element of a top-level vector): it is
+        located where this form starts, and the keys of maps inside it stay locatable."""
+        return Form(value, self.source, self.line, self.column, 0, self._reader)
 
     def __repr__(self) -> str:
         return f"Form({self.value!r} @ {self.where})"
@@ -135,7 +109,7 @@ _AFTER_SHORT_OCTAL = re.compile(f'[{WHITESPACE}";^()\\[\\]{{}}\\\\#]')
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
-class Char(edn_format.Char):  # type: ignore[misc]  # edn_format has no type information
+class Char(edn_format.Char):
     """A character (`\\a`). Unlike edn_format's, never equal to the one-char string "a" (Clojure's
     `=` tells them apart), so `#{\\a "a"}` holds two elements here as there."""
 
@@ -162,7 +136,7 @@ _INST = re.compile(r"(\d\d\d\d)(?:-(\d\d)(?:-(\d\d)(?:[T](\d\d)(?::(\d\d)(?::(\d
                    r"(?:[Z]|([-+])(\d\d):(\d\d))?")
 
 
-def _inst(v: Any) -> _dt.datetime:
+def _inst(v: Edn) -> _dt.datetime:
     if not isinstance(v, str):
         raise ValueError("#inst needs a string")
     m = _INST.fullmatch(v)
@@ -181,7 +155,7 @@ def _inst(v: Any) -> _dt.datetime:
 _UUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
 
 
-def _uuid(v: Any) -> uuid.UUID:
+def _uuid(v: Edn) -> uuid.UUID:
     if not isinstance(v, str):
         raise ValueError("#uuid needs a string")
     if not _UUID.fullmatch(v):  # Python's UUID() takes braces and URNs; Java's fromString reads these others apart
@@ -189,7 +163,7 @@ def _uuid(v: Any) -> uuid.UUID:
     return uuid.UUID(v)
 
 
-TAG_HANDLERS: dict[str, Callable[[Any], Any]] = {"inst": _inst, "uuid": _uuid}
+TAG_HANDLERS: dict[str, Callable[[Edn], Edn]] = {"inst": _inst, "uuid": _uuid}
 MAX_DEPTH = 100  # nesting levels a reader accepts; requests and specs use a handful
 
 
@@ -239,7 +213,7 @@ class _Reader:
                 self.depth -= 1
                 return v, m.start()
 
-    def read(self, m: re.Match[str]) -> Any:
+    def read(self, m: re.Match[str]) -> Any:  # an Edn value, or _DISCARDED after #_
         kind, tok, pos = m.lastgroup, m.group(), m.start()
         if kind == "atom":
             return self.atom(tok, pos)
@@ -325,11 +299,11 @@ class _Reader:
         if m is None or m.group() != "{":
             raise self.fail(f"#:{ns.name} must be followed by a map", pos)
         self.enter(m.start())
-        out = self.coll("{", m.start(), ns.name)
+        out: dict[Any, Any] = self.coll("{", m.start(), ns.name)  # coll reads a map after "{"
         self.depth -= 1
-        return out  # type: ignore[no-any-return]
+        return out
 
-    def atom(self, tok: str, pos: int) -> Any:
+    def atom(self, tok: str, pos: int) -> Edn:
         if tok[0] == ":":
             name = tok[1:]
             if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
@@ -374,6 +348,7 @@ class _Reader:
                 out.append(chr(int(body[i + 2:i + 6], 16)))
                 i += 6
             elif esc in "01234567":
+                # union-attr: `esc` is an octal digit, so _OCTAL matches here.
                 digits = _OCTAL.match(body, i + 1, i + 4).group()  # type: ignore[union-attr]
                 end = i + 1 + len(digits)
                 # Clojure reads up to three octal digits; after fewer, the next char must end a token
@@ -480,11 +455,11 @@ def read_forms(text: str, source: str = "<string>", *, line: int = 1, column: in
         index += 1
 
 
-def read_all(text: str, source: str = "<string>") -> list[Any]:
+def read_all(text: str, source: str = "<string>") -> list[Edn]:
     return [f.value for f in read_forms(text, source)]
 
 
-def read_one(text: str, source: str = "<string>") -> Any:
+def read_one(text: str, source: str = "<string>") -> Edn:
     forms = list(read_forms(text, source))
     if len(forms) != 1:
         raise EdnError(f"expected exactly one form, found {len(forms)}", source, 1, 1)
@@ -525,7 +500,7 @@ def _name(n: str, prefix: str) -> str:
         if not (n == "/" and not prefix or n and n[0] not in ":/" and _SYMBOL.match(n) and _clojure_name(n)
                 and (prefix or n not in ("nil", "true", "false"))):
             what = "keyword" if prefix else "symbol"
-            raise ValueError(f"{what} {prefix}{n} would not read back as itself; use a string "
+            raise EdnWriteError(f"{what} {prefix}{n} would not read back as itself; use a string "
                              "(keyword_or_string does this for a server's words)")
         _READABLE.add(n)
     return prefix + n
@@ -540,12 +515,12 @@ def _char(c: str) -> str:
     if 0x21 <= code <= 0x7E:
         return "\\" + c
     if code > 0xFFFF or 0xD800 <= code <= 0xDFFF:
-        raise ValueError(f"char U+{code:04X} has no EDN form Clojure reads (its chars are single "
+        raise EdnWriteError(f"char U+{code:04X} has no EDN form Clojure reads (its chars are single "
                          "UTF-16 units); write it in a string")
     return "\\u%04x" % code
 
 
-def _scalar(v: Any) -> str | None:
+def _scalar(v: Any) -> str | None:  # Any: dispatch on exact type (faster), which mypy does not narrow
     if v is None:
         return "nil"
     if v is True:
@@ -566,9 +541,11 @@ def _scalar(v: Any) -> str | None:
     return None
 
 
-def dumps(v: Any) -> str:
-    """Compact EDN text that our reader and clojure.edn both read back to `v`.
-    Raises ValueError for the few values no EDN text can carry (a keyword with a space in it)."""
+def dumps(value: object) -> str:
+    """Compact EDN text that our reader and clojure.edn both read back to `value` (an EDN value, or
+    anything with `.to_edn()`). Raises `EdnWriteError` for what no EDN text can carry (a keyword
+    with a space in it, an object with no EDN form)."""
+    v: Any = value  # dispatch on exact type (faster than isinstance), which mypy does not narrow
     t = type(v)  # exact types that responses are made of first; the general rules below
     if t is Keyword:
         return _name(v.name, ":")
@@ -597,7 +574,7 @@ def dumps(v: Any) -> str:
         return _char(str(v))
     if isinstance(v, Decimal):
         if not v.is_finite():
-            raise ValueError(f"{v} has no EDN form (BigDecimal is finite); use a float for ##NaN or ##Inf")
+            raise EdnWriteError(f"{v} has no EDN form (BigDecimal is finite); use a float for ##NaN or ##Inf")
         return str(v) + "M"
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -616,10 +593,10 @@ def dumps(v: Any) -> str:
     to_edn = getattr(v, "to_edn", None)
     if to_edn is not None:
         return dumps(to_edn())
-    raise TypeError(f"cannot write {type(v).__name__} as EDN")
+    raise EdnWriteError(f"cannot write {type(v).__name__} as EDN")
 
 
-def pretty(v: Any, width: int = 88, indent: int = 0) -> str:
+def pretty(v: object, width: int = 88, indent: int = 0) -> str:
     """Readable EDN: a collection that fits in `width` stays on one line, else one entry a line."""
     flat = dumps(v)
     if len(flat) + indent <= width or not isinstance(v, (dict, list, tuple)) or not v:

@@ -77,6 +77,7 @@ class FormStream:
 
     def _skip_blank(self) -> None:
         while True:
+            # union-attr: _FIRST matches the empty string, so match() never returns None.
             end = _FIRST.match(self.buf, self.off).end()  # type: ignore[union-attr]
             if end < len(self.buf):
                 self._advance(end)
@@ -126,7 +127,7 @@ class FormStream:
                     return len(self.buf)
                 pos += self.off
 
-    def __iter__(self) -> Iterator[Form | EdnError]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Form | EdnError]:
         for seg, line, col in self.segments():
             if not self.recover:
                 yield from _read_segment(seg, self.source, line, col)

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from .._edn import Form, read_file
+from .._errors import PromptError
 from .._model import ChatRequest, CompletionRequest, GenerateRequest, Message, Sampling
 from .._requests import request_from_edn
 
@@ -15,10 +16,6 @@ BenchRequest = ChatRequest | CompletionRequest | GenerateRequest
 # Varied words so a long prompt is not one repeated token (which some engines compress or cache).
 _WORDS = ("river stone lantern orchard copper meadow harbor thistle glacier saffron "
           "cobalt willow ember falcon quarry juniper marble tundra velvet canyon").split()
-
-
-class PromptError(ValueError):
-    pass
 
 
 def chat(text: str) -> ChatRequest:
@@ -36,7 +33,7 @@ def load_prompts(path: str) -> list[BenchRequest]:
     items: list[Form] = []
     for f in forms:
         if isinstance(f.value, (list, tuple)) and len(forms) == 1:
-            items.extend(Form(v, f.source, f.line, f.column, 0, f._reader) for v in f.value)
+            items.extend(f.nested(v) for v in f.value)
         else:
             items.append(f)
     out: list[BenchRequest] = []

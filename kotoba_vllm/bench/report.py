@@ -5,12 +5,12 @@ endpoints. `completion_tokens / wall_clock` appears only beside the separated ra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .._edn import kw
 from .metrics import Rate, ServerRates
 from .runner import BenchReport
-from .stats import Dist, Misleading, Pooled, Summary
+from .stats import Dist, Misleading, Pooled, Sample, Summary
 
 MISLEADING_NOTE = ("completion_tokens / wall_clock: prefill, queueing and network sit inside the wall clock; "
                    "not a decode rate")
@@ -45,6 +45,8 @@ def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Any, Any]
         return _k({PROV: kw("unavailable"), "bench/problem": s.problem})
     out = {PROV: kw("server-reported"), "bench/source": f"{s.engine} /metrics counter deltas over the run",
            "bench/prefill": _rate(s.prefill), "bench/decode": _rate(s.decode)}
+    if s.note is not None:
+        out["bench/note"] = s.note
     if row is not None:  # bench's pooled rate over the server's, per phase
         out["bench/bench-over-server"] = _k({
             "bench/prefill": _ratio(row.prefill.tokens_per_s, s.prefill.tokens_per_s),
@@ -160,6 +162,8 @@ def render_table(report: BenchReport) -> str:
                      + _agree(s.decode.tokens_per_s, sd))
         if sv is not None and sv.problem:
             lines.append(f"    server /metrics: unavailable ({sv.problem})")
+        elif sv is not None and sv.note:
+            lines.append(f"    server /metrics: {sv.note}")
         m = s.misleading
         lines.append(f"    MISLEADING completion_tokens / wall_clock = {_f(m.completion_tokens)} / {_f(m.wall_s, 3)} s"
                      f" = {_f(m.tokens_per_s)} tok/s  <- prefill and queueing sit inside the wall clock;"
@@ -173,13 +177,14 @@ def render_table(report: BenchReport) -> str:
 def plot(report: BenchReport, path: str) -> None:
     """Latency distributions per endpoint (and concurrency), and the separated rates beside the
     misleading one. The Agg backend: no display needed."""
-    import matplotlib
+    import matplotlib  # optional (plot/bench extra) and slow to import: only when plotting
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by = [(f"{s.endpoint}\nc={s.concurrency}", s) for s in report.summaries]
     fig, axes = plt.subplots(2, 2, figsize=(max(8, 3.2 * len(by) + 4), 8))
-    series = [("TTFT (ms)", lambda s: [x.ttft_ms for x in _ok(report, s)]),
+    series: list[tuple[str, Callable[[Summary], list[float | None]]]] = [
+              ("TTFT (ms)", lambda s: [x.ttft_ms for x in _ok(report, s)]),
               ("end-to-end (ms)", lambda s: [x.e2e_ms for x in _ok(report, s)]),
               ("inter-token gap (ms)", lambda s: [g for x in _ok(report, s) for g in x.gaps_ms])]
     for ax, (title, get) in zip(axes.flat, series):
@@ -226,6 +231,6 @@ def plot(report: BenchReport, path: str) -> None:
     plt.close(fig)
 
 
-def _ok(report: BenchReport, s: Summary) -> list[Any]:
+def _ok(report: BenchReport, s: Summary) -> list[Sample]:
     return [x for x in report.samples if x.ok and x.concurrency == s.concurrency and x.target == s.target
             and (x.answered_by or x.target) == s.endpoint]

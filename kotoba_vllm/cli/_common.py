@@ -34,7 +34,7 @@ def expand_forms(forms: list[Form]) -> Iterator[Form]:
     for f in forms:
         if isinstance(f.value, list) and len(forms) == 1:
             for v in f.value:
-                yield Form(v, f.source, f.line, f.column, 0, f._reader)
+                yield f.nested(v)
         else:
             yield f
 

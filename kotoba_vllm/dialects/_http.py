@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from .._codec import _plain_key, json_to_edn
+from .._codec import plain_key, json_to_edn
 from .._edn import Keyword, kw
 from .._errors import AdmissionRejected, BadRequest, NotReady, ServerError, ServerFailure
 
@@ -48,8 +48,6 @@ def parse_retry_after(value: str | None, now: _dt.datetime | None = None) -> flo
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
-        return None
-    if when is None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.timezone.utc)
@@ -95,7 +93,7 @@ def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint
     etype = err.get("type")
     etype = str(etype) if etype is not None else None
     details = {k: v for k, v in err.items() if k not in ("message", "type")} if err else {}
-    details_edn = {(kw(k) if _plain_key(k) else k): v for k, v in details.items()
+    details_edn = {(kw(k) if plain_key(k) else k): v for k, v in details.items()
                    if isinstance(v, (str, int, float, bool))} or None
     lowered = message.lower()
     retry_after = parse_retry_after(headers.get("retry-after"), now)
@@ -125,15 +123,17 @@ def _reason_from(err: dict[str, Any], body: Any) -> str | None:
     return None
 
 
-def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None) -> ServerError:
-    """An error object that arrived inside a 200 SSE stream: typed, never text."""
+def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None,
+                 raw: str | None = None) -> ServerError:
+    """An error object that arrived inside a 200 SSE stream: typed, never text. `raw`: the chunk it
+    came in, when the error object was read out of a larger payload."""
     err = error_object(obj) or obj
     message = str(err.get("message") or json.dumps(err))
     code = err.get("code")
     status = code if isinstance(code, int) else None
     etype = err.get("type")
     lowered = message.lower()
-    raw = json.dumps(obj)
+    raw = raw if raw is not None else json.dumps(obj)
     if status == 429 or any(m in lowered for m in QUEUE_FULL_MARKERS):
         reason = "queue-full" if any(m in lowered for m in QUEUE_FULL_MARKERS) else "rate-limited"
         return AdmissionRejected(message, reason=reason, status=status, endpoint=endpoint, raw_body=raw,

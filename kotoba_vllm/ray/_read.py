@@ -10,7 +10,7 @@ Parquet rows keep their own columns and must hold a `request` column or the batc
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .._edn import EdnError, dumps
 from ..batch import FormStream, read_located
@@ -107,7 +107,10 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
     if block_rows < 1:
         raise ValueError("block_rows must be >= 1")
 
-    class RequestFile(Datasource):  # type: ignore[misc]
+    def _parquet_task(groups: list[int], first: int) -> Callable[[], Iterator[Any]]:
+        return lambda: _parquet_blocks(path, groups, first, block_rows, skip)
+
+    class RequestFile(Datasource):
         def get_name(self) -> str:
             return f"Requests({kind})"
 
@@ -116,7 +119,7 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[Any]:
-            meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=[path])
+            meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=(path,))
             if kind != "parquet":
                 return [ReadTask(lambda: _text_blocks(path, kind, block_rows, skip), meta)]
             import pyarrow.parquet as pq
@@ -126,13 +129,13 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
             for lo in range(0, md.num_row_groups, per_task):
                 groups = list(range(lo, min(lo + per_task, md.num_row_groups)))
                 n = sum(md.row_group(g).num_rows for g in groups)
-                tasks.append(ReadTask(lambda g=groups, s=first: _parquet_blocks(path, g, s, block_rows, skip),
+                tasks.append(ReadTask(_parquet_task(groups, first),
                                       BlockMetadata(num_rows=n, size_bytes=None, exec_stats=None,
-                                                    input_files=[path])))
+                                                    input_files=(path,))))
                 first += n
             return tasks
 
-    return RequestFile()
+    return RequestFile()  # type: ignore[no-untyped-call]  # ray's Datasource.__init__ is untyped
 
 
 def read_requests(path: str, fmt: str | None = None, *, block_rows: int = 256, skip: Any = None,

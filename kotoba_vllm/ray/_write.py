@@ -80,7 +80,7 @@ def records_datasink(directory: str, fmt: str) -> Any:
     if fmt not in FORMATS:
         raise ValueError(f"output format must be one of {', '.join(FORMATS)}")
 
-    class RecordFiles(Datasink):  # type: ignore[misc]
+    class RecordFiles(Datasink[list[dict[str, Any]]]):
         def __init__(self) -> None:
             self.stats: dict[str, Any] = {"outcomes": Counter(), "rows": 0, "sent": 0, "maybe_sent_twice": 0,
                                           "files": 0}
