@@ -86,7 +86,7 @@ def batch() -> dict[Any, Any]:
 
 
 def ray_batch() -> dict[Any, Any]:
-    from ..ray._rows import COLUMNS, INDEX
+    from ..ray._rows import COLUMNS, INDEX  # the ray extra: only when the schemas are written
 
     return {kw("shape/RaySummary"): observe(_samples.ray_summary_samples()),
             kw("shape/RayRow"): {kw(f"column/{name}"): typ for name, typ in {INDEX: "int64", **COLUMNS}.items()}}

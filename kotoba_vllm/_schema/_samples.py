@@ -6,6 +6,7 @@ failed link, a server that reported or did not), so every key it can write appea
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import attrs
@@ -66,9 +67,7 @@ def batch_samples() -> list[dict[Any, Any]]:
 
 
 def ray_summary_samples() -> list[dict[Any, Any]]:
-    from collections import Counter
-
-    from ..ray._driver import summary_edn
+    from ..ray._summary import summary_edn
 
     stats = {"outcomes": Counter({"ok": 9, "admission-rejected": 1}), "rows": 10, "sent": 11, "maybe_sent_twice": 1,
              "files": 2}

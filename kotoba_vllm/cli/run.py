@@ -130,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         try:
             from ..ray._driver import run_ray
-            import ray  # noqa: F401
         except ImportError as e:
             print(f"error: --ray needs the ray extra: pip install 'kotoba-vllm[ray]' ({e})", file=sys.stderr)
             return 2

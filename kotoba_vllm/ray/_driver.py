@@ -15,24 +15,20 @@ import time
 from collections import Counter
 from typing import Any
 
+import ray
+import ray.data
+
 from .._edn import EdnError, kw, pretty
+from .._errors import ConfigError, LocalServerError
+from ..local import LlamaServer
+from ..pool import load_pool_config
 from ._read import detect_input_format, read_requests
 from ._stage import RequestStage
+from ._summary import summary_edn
 from ._write import done_indices, part_files, records_datasink
 
 INTENT_DIR = ".intent"
 SUMMARY = "summary.edn"
-
-
-def summary_edn(stats: dict[str, Any], *, already_done: int, elapsed_s: float, output: str) -> dict[Any, Any]:
-    outcomes = stats["outcomes"]
-    return {kw("batch/outcomes"): {kw(k): n for k, n in sorted(outcomes.items())},
-            kw("batch/recorded"): stats["rows"], kw("batch/sent"): stats["sent"],
-            kw("batch/maybe-sent-twice"): stats["maybe_sent_twice"], kw("batch/already-done"): already_done,
-            kw("batch/files"): stats["files"], kw("batch/complete?"): True,
-            kw("batch/elapsed-s"): round(elapsed_s, 3),
-            kw("batch/records-per-s"): round(stats["rows"] / elapsed_s, 1) if elapsed_s > 0 else None,
-            kw("batch/output"): output}
 
 
 def run_pipeline(input_path: str, output_dir: str, *, pool: Any, input_format: str | None = None,
@@ -43,13 +39,11 @@ def run_pipeline(input_path: str, output_dir: str, *, pool: Any, input_format: s
     """Send every request of `input_path` through Ray Data (already initialised) into `output_dir`.
     Returns the counts (`outcomes`, `rows`, `sent`, `maybe_sent_twice`, `files`, `already_done`);
     writes `summary.edn`. `stage` and `stage_kwargs` let a caller run its own subclass."""
-    import ray.data
-
     started = time.perf_counter()
     in_fmt = detect_input_format(input_path, input_format)
     out_fmt = output_format or ("parquet" if in_fmt == "parquet" else "jsonl")
     if part_files(output_dir) and not resume:
-        raise FileExistsError(f"{output_dir} already holds records; resume to complete it, "
+        raise ConfigError(f"{output_dir} already holds records; resume to complete it, "
                               "or choose an empty directory")
     os.makedirs(output_dir, exist_ok=True)
     skip = done_indices(output_dir) if resume else None
@@ -95,7 +89,6 @@ def run_ray(args: argparse.Namespace) -> int:
         return 2
     pool: Any = list(args.base_url or []) or None
     if args.pool:
-        from ..pool import load_pool_config
         try:
             pool = load_pool_config(args.pool)  # read here: workers need not see the file
         except (EdnError, ValueError, OSError) as e:
@@ -107,14 +100,10 @@ def run_ray(args: argparse.Namespace) -> int:
         print("error: --ray needs --pool, --base-url, $KOTOBA_VLLM_BASE_URL or --local", file=sys.stderr)
         return 2
 
-    import ray
-    import ray.data
-
     server = None
     started_ray = False
     try:
         if args.local:
-            from ..local import LlamaServer, LocalServerError
             try:
                 server = LlamaServer(args.model, n_ctx=2048, parallel=2).start()
             except LocalServerError as e:

@@ -12,7 +12,12 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from .._edn import EdnError, dumps
+from .._errors import ConfigError
 from ..batch import FormStream, read_located
 from ._rows import INDEX, REQUEST, WHERE
 
@@ -52,13 +57,11 @@ def _jsonl_rows(path: str) -> Iterator[tuple[str, str]]:
 def _skipped(skip: Any, index: int) -> bool:
     if skip is None or len(skip) == 0:
         return False
-    import numpy as np
     pos = int(np.searchsorted(skip, index))
     return pos < len(skip) and int(skip[pos]) == index
 
 
 def _text_blocks(path: str, fmt: str, block_rows: int, skip: Any) -> Iterator[Any]:
-    import pyarrow as pa
     rows = _edn_rows(path) if fmt == "edn" else _jsonl_rows(path)
     idx: list[int] = []
     req: list[str] = []
@@ -77,9 +80,6 @@ def _text_blocks(path: str, fmt: str, block_rows: int, skip: Any) -> Iterator[An
 
 
 def _parquet_blocks(path: str, groups: list[int], first: int, block_rows: int, skip: Any) -> Iterator[Any]:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     f = pq.ParquetFile(path)
     start = first
     for g in groups:
@@ -103,9 +103,9 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
 
     kind = detect_input_format(path, fmt)
     if kind not in FORMATS:
-        raise ValueError(f"input format must be one of {', '.join(FORMATS)}")
+        raise ConfigError(f"input format must be one of {', '.join(FORMATS)}")
     if block_rows < 1:
-        raise ValueError("block_rows must be >= 1")
+        raise ConfigError("block_rows must be >= 1")
 
     def _parquet_task(groups: list[int], first: int) -> Callable[[], Iterator[Any]]:
         return lambda: _parquet_blocks(path, groups, first, block_rows, skip)
@@ -122,7 +122,6 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
             meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=(path,))
             if kind != "parquet":
                 return [ReadTask(lambda: _text_blocks(path, kind, block_rows, skip), meta)]
-            import pyarrow.parquet as pq
             md = pq.ParquetFile(path).metadata
             tasks, first = [], 0
             per_task = max(1, -(-md.num_row_groups // max(1, parallelism)))
@@ -142,9 +141,19 @@ def read_requests(path: str, fmt: str | None = None, *, block_rows: int = 256, s
                   read_cpus: float = 0.25) -> Any:
     """`ray.data.Dataset` of numbered requests from an EDN, JSONL or Parquet file."""
     import ray.data
-    # Reading is light: a quarter CPU, so a small node with request actors on it can still read.
-    ds = ray.data.read_datasource(request_datasource(path, fmt, block_rows=block_rows, skip=skip),
-                                  num_cpus=read_cpus)
+    # Ray merges a read's output up to DataContext.target_max_block_size (128 MiB by default): one
+    # streaming read of a large file would hand the next stage blocks of ~400k requests and fill a small
+    # object store. The dataset keeps a copy of the context taken here, with a block size near a few
+    # thousand requests; the repartition below cuts exactly block_rows.
+    ctx = ray.data.DataContext.get_current()
+    default = ctx.target_max_block_size
+    ctx.target_max_block_size = max(1 << 20, block_rows * 4096)
+    try:
+        # Reading is light: a quarter CPU, so a small node with request actors on it can still read.
+        ds = ray.data.read_datasource(request_datasource(path, fmt, block_rows=block_rows, skip=skip),
+                                      num_cpus=read_cpus)
+    finally:
+        ctx.target_max_block_size = default
     # A read's output is merged up to DataContext.target_max_block_size (bytes); cut it back to
     # blocks of block_rows adjacent requests, the unit a map task sends and a part file holds.
     return ds.repartition(target_num_rows_per_block=block_rows, strict=True)

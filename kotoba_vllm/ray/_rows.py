@@ -14,7 +14,7 @@ import json
 from typing import Any, Mapping
 
 from .._edn import EdnError, Keyword
-from .._errors import AdmissionRejected, KotobaError, ValidationError
+from .._errors import AdmissionRejected, ConfigError, KotobaError, ValidationError
 from .._requests import request_from_edn
 from .._validate import request_problems
 from ..batch import BatchEntry, Recorder, entry_from_form, line_to_entry, read_located, syntax_entry
@@ -103,7 +103,7 @@ def entry_from_row(row: Mapping[str, Any]) -> BatchEntry:
     """A row with `request_index` and either a `request` column or the batch JSONL columns."""
     index = row.get(INDEX)
     if not isinstance(index, int) or isinstance(index, bool):
-        raise ValueError(f"every row needs an integer {INDEX!r} column (the readers in kotoba_vllm.ray add it)")
+        raise ConfigError(f"every row needs an integer {INDEX!r} column (the readers in kotoba_vllm.ray add it)")
     where = row.get(WHERE)
     if REQUEST in row:
         return entry_from_value(index, row[REQUEST], where)

@@ -13,7 +13,13 @@ import asyncio
 import threading
 from typing import Any, Sequence
 
-from .._errors import KotobaError
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .._client import AsyncClient
+from .._errors import ConfigError, KotobaError
+from ..pool import AsyncPool, PoolConfig, load_pool_config
 from ..batch import BatchEntry
 from ._intent import IntentLog
 from ._rows import COLUMNS, entry_from_row, error_columns, flag_maybe_sent_twice, invalid_columns, ok_columns
@@ -39,7 +45,7 @@ class RequestStage:
                  concurrency: int = 8, timeout: float | None = None, intent_dir: str | None = None,
                  model: str | None = None) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+            raise ConfigError("concurrency must be >= 1")
         self.concurrency, self.timeout, self.intent_dir = concurrency, timeout, intent_dir
         # Ray may call a map actor from several threads at once: one loop in its own thread serves
         # every batch, so the client's connections and the in-flight bound are the actor's, not a batch's.
@@ -52,8 +58,6 @@ class RequestStage:
     @staticmethod
     def _make_client(pool: Any, base_url: str | None, backend: str, timeout: float | None,
                      model: str | None) -> Any:
-        from .._client import AsyncClient
-        from ..pool import AsyncPool, PoolConfig, load_pool_config
         if pool is None:
             return AsyncClient(base_url, backend=backend, timeout=timeout, model=model)
         if isinstance(pool, str):
@@ -134,11 +138,12 @@ class RequestStage:
         self._loop.close()
 
 
+_ARROW = {"string": pa.string, "bool": pa.bool_, "int64": pa.int64, "float64": pa.float64}
+
+
 def _rows_of(batch: Any) -> tuple[list[dict[str, Any]], Any]:
     """The batch's rows as dicts, and a function that returns the batch with columns added
     (in the batch's own format: pyarrow, pandas or a dict of numpy arrays)."""
-    import pyarrow as pa
-    _ARROW = {"string": pa.string, "bool": pa.bool_, "int64": pa.int64, "float64": pa.float64}
     if isinstance(batch, pa.Table):
         def add_arrow(cols: dict[str, list[Any]]) -> Any:
             out = batch
@@ -149,7 +154,6 @@ def _rows_of(batch: Any) -> tuple[list[dict[str, Any]], Any]:
             return out
         return batch.to_pylist(), add_arrow
     if isinstance(batch, dict):
-        import numpy as np
         names = list(batch)
         columns = [batch[n].tolist() if hasattr(batch[n], "tolist") else list(batch[n]) for n in names]
         rows = [dict(zip(names, vals)) for vals in zip(*columns)] if names else []
@@ -161,9 +165,8 @@ def _rows_of(batch: Any) -> tuple[list[dict[str, Any]], Any]:
                                      else None)
             return out
         return rows, add_numpy
-    import pandas as pd
     if isinstance(batch, pd.DataFrame):
         table = pa.Table.from_pandas(batch, preserve_index=False)
         rows, add = _rows_of(table)
         return rows, lambda cols: add(cols).to_pandas()
-    raise TypeError(f"RequestStage takes pyarrow, pandas or numpy batches, not {type(batch).__name__}")
+    raise ConfigError(f"RequestStage takes pyarrow, pandas or numpy batches, not {type(batch).__name__}")

@@ -15,6 +15,12 @@ import re
 from collections import Counter
 from typing import Any, Iterable
 
+import numpy as np
+import pyarrow.parquet as pq
+
+from .._edn import EdnError, kw
+from .._errors import ConfigError
+from ..batch import FormStream
 from ._rows import INDEX
 
 FORMATS = ("jsonl", "parquet", "edn")
@@ -38,7 +44,6 @@ def part_files(directory: str) -> list[tuple[int, int, str]]:
 def _write_table(table: Any, path: str, fmt: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     if fmt == "parquet":
-        import pyarrow.parquet as pq
         pq.write_table(table, tmp)
     else:
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -54,7 +59,6 @@ def _write_table(table: Any, path: str, fmt: str) -> None:
 def _runs(table: Any) -> list[Any]:
     """The table (sorted by index) cut where the index skips: a file holds every index of its range,
     so the ranges of any two files never overlap (inputs skipped by --resume are in older files)."""
-    import numpy as np
     index = table.column(INDEX).to_numpy()
     cuts = (np.nonzero(np.diff(index) != 1)[0] + 1).tolist()
     bounds = [0, *cuts, len(index)]
@@ -78,7 +82,7 @@ def records_datasink(directory: str, fmt: str) -> Any:
     from ray.data.datasource import Datasink
 
     if fmt not in FORMATS:
-        raise ValueError(f"output format must be one of {', '.join(FORMATS)}")
+        raise ConfigError(f"output format must be one of {', '.join(FORMATS)}")
 
     class RecordFiles(Datasink[list[dict[str, Any]]]):
         def __init__(self) -> None:
@@ -118,18 +122,14 @@ def records_datasink(directory: str, fmt: str) -> Any:
 
 def done_indices(directory: str) -> Any:
     """Sorted indices that already have a record in `directory` (numpy int64): what `--resume` skips."""
-    import numpy as np
     parts = []
     for _, _, path in part_files(directory):
         if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
             parts.append(pq.read_table(path, columns=[INDEX]).column(INDEX).to_numpy())
         elif path.endswith(".jsonl"):
             with open(path, encoding="utf-8") as fh:
                 parts.append(np.fromiter((json.loads(line)[INDEX] for line in fh if line.strip()), np.int64))
         else:
-            from .._edn import EdnError, kw
-            from ..batch import FormStream
             k = kw("vllm/request-index")
             with open(path, encoding="utf-8") as fh:
                 parts.append(np.fromiter((f.value.get(k) for f in FormStream(fh, path, vector_elements=False,
