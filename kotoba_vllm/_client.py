@@ -20,6 +20,7 @@ from ._model import (DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, Em
                      ModelsResponse, Response, StreamDelta, TokenizeRequest, TokenizeResponse)
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
+from ._wire import Answer, AsyncWire, HttpxWire, default_wire
 
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
 MAX_RESENDS = 4  # bounded by stale pooled connections; a fresh one is never resent
@@ -95,7 +96,7 @@ class Stream:
 class AsyncStream:
     """Async twin of `Stream`. Cancelling the consuming task closes the connection."""
 
-    def __init__(self, client: "AsyncClient", plan: Plan, response: httpx.Response,
+    def __init__(self, client: "AsyncClient", plan: Plan, response: Answer,
                  sent: float | None = None, timeout: httpx.Timeout | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
         self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
@@ -320,12 +321,18 @@ class AsyncClient(BaseClient):
                  model: str | None = None, verify: bool = True,
                  http_client: httpx.AsyncClient | None = None) -> None:
         super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
-        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, verify=verify, limits=_limits(),
-                                                      headers=self._headers)
-        self._request_headers = self._headers if http_client is not None else None
+        # A caller's httpx client is used as it is (our headers go on each request); by default the
+        # measured fastest wire (aiohttp), carrying our headers itself.
+        self._wire: AsyncWire = (HttpxWire(http_client, self._headers) if http_client is not None
+                                 else default_wire(self._headers, self.timeout, verify, _limits()))
+
+    @property
+    def transport(self) -> str:
+        """Which wire moves the bytes: "aiohttp" (default) or "httpx" (a client passed as `http_client`)."""
+        return self._wire.name
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._wire.aclose()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -333,15 +340,13 @@ class AsyncClient(BaseClient):
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
+    async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> Answer:
         http = plan.http
         for _ in range(MAX_RESENDS + 1):
             attempt = AsyncAttempt()
-            request = self._http.build_request(http.method, self._url(plan.url), json=http.body,
-                                               headers=self._request_headers, timeout=timeout,
-                                               extensions={"trace": attempt})
             try:
-                return await self._http.send(request, stream=stream)
+                return await self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
+                                             attempt=attempt)
             except httpx.HTTPError as e:
                 if may_resend(e, attempt):
                     continue
@@ -357,7 +362,7 @@ class AsyncClient(BaseClient):
         found = "openai"
         for path, _ in DETECTION_PROBES:
             try:
-                r = await self._http.get(base + path, headers=self._headers, timeout=DETECT_TIMEOUT)
+                r = await self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT)
             except httpx.HTTPError as e:
                 if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                     raise transport_error(e, base + path, DETECT_TIMEOUT) from e
@@ -440,7 +445,7 @@ class AsyncClient(BaseClient):
         dialect = get_dialect(backend)
         url = self.base_url + dialect.models_path
         try:
-            r = await self._http.get(url, headers=self._headers, timeout=self.timeout)
+            r = await self._wire.send("GET", url, timeout=self.timeout)
         except httpx.HTTPError as e:
             raise transport_error(e, url, self.timeout) from e
         if r.status_code >= 400:
@@ -451,7 +456,7 @@ class AsyncClient(BaseClient):
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
         url = self.base_url + get_dialect(backend).health_path
         try:
-            r = await self._http.get(url, headers=self._headers, timeout=DETECT_TIMEOUT)
+            r = await self._wire.send("GET", url, timeout=DETECT_TIMEOUT)
         except httpx.HTTPError as e:
             err: KotobaError = transport_error(e, url, DETECT_TIMEOUT)
             return Health(ok=False, status=None, endpoint_url=url, detail=err.message)
