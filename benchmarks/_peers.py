@@ -145,9 +145,67 @@ async def kotoba_httpx_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awa
     return call, close
 
 
+async def kotoba_httpcore2_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable[Any]]]:
+    """Measured option, not shipped: httpx's API over httpcore2's fixed pool (an httpx transport)."""
+    import httpcore2
+    import httpx
+
+    from kotoba_vllm import AsyncClient
+
+    class Httpcore2Transport(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.pool = httpcore2.AsyncConnectionPool(max_connections=conc, max_keepalive_connections=conc)
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            req = httpcore2.Request(request.method, httpcore2.URL(scheme=request.url.raw_scheme,
+                                                                  host=request.url.raw_host, port=request.url.port,
+                                                                  target=request.url.raw_path),
+                                    headers=request.headers.raw, content=request.stream,
+                                    extensions=request.extensions)
+            resp = await self.pool.handle_async_request(req)
+            return httpx.Response(resp.status, headers=resp.headers, stream=_Body(resp),
+                                  extensions=resp.extensions)
+
+        async def aclose(self) -> None:
+            await self.pool.aclose()
+
+    class _Body(httpx.AsyncByteStream):
+        def __init__(self, resp: Any) -> None:
+            self.resp = resp
+
+        async def __aiter__(self) -> Any:
+            async for part in self.resp.aiter_stream():
+                yield part
+
+        async def aclose(self) -> None:
+            await self.resp.aclose()
+
+    http = httpx.AsyncClient(transport=Httpcore2Transport(), timeout=60)
+    client = AsyncClient(url, backend="openai", model=MODEL, http_client=http)
+
+    async def call(msgs: list[dict[str, str]]) -> str:
+        return (await client.chat(msgs, max_tokens=4)).text or ""
+    return call, http.aclose
+
+
+async def kotoba_httpx2_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable[Any]]]:
+    """Measured option, not shipped: httpx2 wholesale (its exception types are not httpx's)."""
+    import httpx2
+
+    from kotoba_vllm import AsyncClient
+
+    http = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=conc, max_keepalive_connections=conc), timeout=60)
+    client = AsyncClient(url, backend="openai", model=MODEL, http_client=http)  # type: ignore[arg-type]
+
+    async def call(msgs: list[dict[str, str]]) -> str:
+        return (await client.chat(msgs, max_tokens=4)).text or ""
+    return call, http.aclose
+
+
 PEERS = {"aiohttp": aiohttp_peer, "httpx": httpx_peer,
          "httpx2": lambda u, c: httpx_peer(u, c, "httpx2"), "openai": openai_peer, "flexllm": flexllm_peer,
-         "kotoba": kotoba_peer, "kotoba-httpx": kotoba_httpx_peer}
+         "kotoba": kotoba_peer, "kotoba-httpx": kotoba_httpx_peer, "kotoba-httpcore2": kotoba_httpcore2_peer,
+         "kotoba-httpx2": kotoba_httpx2_peer}
 
 
 async def run_peer(name: str, url: str, conc: int, n: int) -> dict[str, Any]:

@@ -62,9 +62,9 @@ def _delta(a: dict[str, Any], b: dict[str, Any], path: str) -> int:
     return int(b["requests"].get(path, 0)) - int(a["requests"].get(path, 0))
 
 
-def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any) -> tuple[list[dict[str, Any]],
-                                                                                           list[str]]:
-    names, notes = available(CONTENDERS)
+def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any,
+           contenders: tuple[str, ...] = CONTENDERS) -> tuple[list[dict[str, Any]], list[str]]:
+    names, notes = available(contenders)
     results: list[dict[str, Any]] = []
     with CannedServer(delay_ms=20, cpu=1) as a, CannedServer(delay_ms=20, cpu=1) as b:
         notes.append(f"servers answer each POST after 20 ms; client on core 0, servers on core 1 "

@@ -54,6 +54,7 @@ class Sizes:
             self.concs, self.conc_n, self.conc_rounds = (1, 4), {1: 5, 4: 12}, 1
             self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
             self.batch_n, self.llama_latency_n = 5, 3
+        self.contenders = ("aiohttp", "kotoba", "kotoba-run") if smoke else _throughput.CONTENDERS
 
 
 def row(scenario: str, server: str, unit: str, values: dict[str, float | None],
@@ -113,7 +114,7 @@ PEER_NAMES = ("aiohttp", "httpx", "httpx2", "openai", "flexllm")
 def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                                      list[str]]:
     """Rows for the table, the raw per-contender results, and notes."""
-    res, notes = _throughput.matrix(s.concs, s.conc_n, s.conc_rounds, step)
+    res, notes = _throughput.matrix(s.concs, s.conc_n, s.conc_rounds, step, s.contenders)
     rows = []
     for conc in s.concs:
         at = {r["contender"]: r for r in res if r["concurrency"] == conc}
@@ -142,7 +143,7 @@ def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[st
         if pool and one and pool.get("cpu_ms_per_req") and one.get("cpu_ms_per_req"):
             rows.append(row(f"d. run --pool (2 members), conc {conc}", "canned+20ms", "ms",
                             {"kotoba": pool["cpu_ms_per_req"], "run": one["cpu_ms_per_req"],
-                             "run-time/req": 1e3 / one["req_per_s"] if one.get("req_per_s") else None},
+                             "run-ms-per-req": 1e3 / one["req_per_s"] if one.get("req_per_s") else None},
                             (("run", 1.5),),
                             f"probes/request {pool.get('probes_per_request', 0):.3f}; first member got "
                             f"{100 * pool.get('split_first', 0):.0f}%; throughput {pool.get('req_per_s') or 0:.0f}/s "
@@ -219,6 +220,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         first = True
         for name, ratio in r["ratios"].items():
+            if r["values"].get(name) is None:
+                continue  # a contender not measured in this run
             tgt = [(k, v) for k, v in r["targets"].items() if k.startswith(name + "<=")]
             mark = " ".join(f"{k} {'ok' if v else ('MISS' if v is False else '?')}" for k, v in tgt)
             lines.append(f"{r['scenario'] if first else '':<40} {r['server'] if first else '':<12} "

@@ -52,7 +52,7 @@ class Connector(aiohttp.TCPConnector):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # aiohttp builds every connection's protocol with this factory (TCP and TLS alike).
-        self._factory = functools.partial(CountingHandler, loop=self._loop)
+        self._factory = functools.partial(CountingHandler, loop=self._loop)  # type: ignore[assignment]
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
         conn = await super().connect(req, traces, timeout)
@@ -81,7 +81,7 @@ def _as_httpx(e: BaseException) -> httpx.HTTPError:
     if isinstance(e, aiohttp.NonHttpUrlClientError):
         return httpx.UnsupportedProtocol(msg)
     if isinstance(e, aiohttp.InvalidURL):
-        return httpx.InvalidURL(msg)
+        return httpx.UnsupportedProtocol(f"invalid URL: {msg}")  # httpx.InvalidURL is not an HTTPError
     if isinstance(e, aiohttp.ClientOSError):
         return httpx.ReadError(msg)
     if isinstance(e, aiohttp.ClientResponseError):  # the server's bytes are not HTTP

@@ -82,7 +82,7 @@ class HttpxWire:
         ext = {"trace": attempt if isinstance(attempt, AsyncAttempt) else _AsyncHook(attempt)} if attempt else None
         request = self.http.build_request(method, self._url(url), json=json, content=content, headers=h,
                                           timeout=timeout, extensions=ext)
-        return await self.http.send(request, stream=stream)  # type: ignore[return-value]
+        return await self.http.send(request, stream=stream)
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -46,6 +46,18 @@ def test_independent_requests_spread_by_in_flight_count() -> None:
     assert view.decide(view.snapshot, None).member == A  # type: ignore[arg-type]
 
 
+def test_one_at_a_time_still_alternates() -> None:
+    view = CapacityView([A, B])
+    view.record(cap(a=UNMEASURED, b=UNMEASURED), started=0.0)
+    picks = []
+    for i in range(4):
+        member = view.decide(view.snapshot, None).member  # type: ignore[arg-type]
+        assert member is not None
+        view.begin(member), view.end(member, 1.0 + i)
+        picks.append(member)
+    assert picks == [A, B, A, B]
+
+
 def test_free_members_share_by_in_flight_and_the_conversation_keeps_its_member() -> None:
     view = CapacityView([A, B])
     view.record(cap(a=SLOT_AVAILABLE, b=SLOT_AVAILABLE), started=0.0)

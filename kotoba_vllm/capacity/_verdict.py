@@ -265,12 +265,12 @@ class Admission:
 
 def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iterable[CapacityAnswer],
           affinity: str | None = None, *, inflight: Mapping[str, int] | None = None,
-          freed: Collection[str] = ()) -> Admission:
+          freed: Collection[str] = (), sent: Mapping[str, int] | None = None) -> Admission:
     """Pick the member for one request, in the demoted order.
 
     `inflight`: the caller's own requests in flight per member; among equally eligible
-    members the one with the fewest wins (ties keep pool order), so independent requests
-    spread. `freed`: members measured busy that have finished one of the caller's requests
+    members the one with the fewest wins, then the one sent fewest so far (`sent`), then
+    pool order — so independent requests spread, one at a time or many. `freed`: members measured busy that have finished one of the caller's requests
     since that measurement — a slot was freed, so they count as available again.
 
     1. The conversation's member, while it is available (its prefix cache).
@@ -283,6 +283,7 @@ def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iter
     by = _by_endpoint(answers)
     order = demote_busy_endpoints(endpoints, by)
     load = inflight or {}
+    total = sent or {}
     freed_set = {e.rstrip("/") for e in freed}
 
     def ans(e: str) -> CapacityAnswer | None:
@@ -293,7 +294,7 @@ def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iter
         return a is not None and (a.available or (a.busy and e.rstrip("/") in freed_set))
 
     def least(cands: Sequence[str]) -> str:
-        return min(cands, key=lambda e: load.get(e, 0))  # min keeps the first of equals: pool order
+        return min(cands, key=lambda e: (load.get(e, 0), total.get(e, 0)))  # min keeps the first of equals
 
     aff = affinity.rstrip("/") if affinity else None
     aff_member = next((e for e in order if e.rstrip("/") == aff), None)

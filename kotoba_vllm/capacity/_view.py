@@ -11,8 +11,9 @@ its own count of requests in flight per member, and every request in flight read
   otherwise — so the all-busy refusal is exactly as strict as the measurement: nothing is
   sent when every member was measured busy within `interval_s` (plus one round's duration)
   and none has finished a request of ours since;
-- among equally eligible members the one with fewest of our requests in flight wins, so
-  independent requests spread over unmeasured or equally free members.
+- among equally eligible members the one with fewest of our requests in flight wins (then
+  the one we sent fewest), so independent requests spread over unmeasured or equally free
+  members, at any concurrency.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class CapacityView:
         self.snapshot: PoolCapacity | None = None
         self.started = -math.inf  # when the snapshot's round started (its age is measured from there)
         self.inflight = {m: 0 for m in self.members}
+        self.sent = {m: 0 for m in self.members}
         self._last_done = {m: -math.inf for m in self.members}
         self.rounds = 0
 
@@ -49,6 +51,7 @@ class CapacityView:
 
     def begin(self, member: str) -> None:
         self.inflight[member] = self.inflight.get(member, 0) + 1
+        self.sent[member] = self.sent.get(member, 0) + 1
 
     def end(self, member: str, now: float) -> None:
         self.inflight[member] = max(0, self.inflight.get(member, 0) - 1)
@@ -59,4 +62,4 @@ class CapacityView:
         return [m for m, t in self._last_done.items() if t > self.started]
 
     def decide(self, cap: PoolCapacity, affinity: str | None) -> Admission:
-        return admit(self.members, cap.members, affinity, inflight=self.inflight, freed=self.freed())
+        return admit(self.members, cap.members, affinity, inflight=self.inflight, freed=self.freed(), sent=self.sent)
