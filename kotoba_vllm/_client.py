@@ -121,7 +121,8 @@ class AsyncStream:
                                         partial_text=run.partial_text)
                 sse = SseDecoder()
                 async for chunk in self._http.aiter_bytes():
-                    for event, data in sse.feed(chunk):
+                    # lazily: many async streams are open at once, each holding only what it has read
+                    for event, data in sse.events(chunk):
                         for d in run.on_data(data, event):
                             yield d
             except httpx.HTTPError as e:
