@@ -161,7 +161,11 @@ class AiohttpWire:
 
     def __init__(self, *, headers: Mapping[str, str], verify: bool = True, limit: int = 256,
                  keepalive_s: float | None = 5.0) -> None:
-        self._headers = CIMultiDict(headers)
+        # The key goes per request (a session's default header cannot be left off one request).
+        self._headers = CIMultiDict((k, v) for k, v in headers.items() if k.lower() != "authorization")
+        auth = {k: v for k, v in headers.items() if k.lower() == "authorization"}
+        self._extra = {False: auth or None, True: None}  # by withhold_key
+        self._extra_json = {False: {**JSON_HEADERS, **auth}, True: JSON_HEADERS}
         self._verify = verify
         self._limit = limit
         self._keepalive = keepalive_s if keepalive_s is not None else 5.0
@@ -206,13 +210,16 @@ class AiohttpWire:
 
     async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
-                   attempt: Attempt | None = None) -> AiohttpAnswer:
+                   attempt: Attempt | None = None, withhold_key: bool = False) -> AiohttpAnswer:
         if self._closed:
             raise RuntimeError("the client was closed")
         session = self._session or self._open()
         if json is not None:
             content = _json.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-            headers = JSON_HEADERS if headers is None else {**JSON_HEADERS, **headers}
+            extra = self._extra_json[withhold_key]
+        else:
+            extra = self._extra[withhold_key]
+        headers = extra if headers is None else ({**extra, **headers} if extra else headers)
         watch = _Watch(attempt) if attempt is not None else None
         token = _WATCH.set(watch)
         try:

@@ -50,7 +50,8 @@ class AsyncWire(Protocol):
 
     async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
-                   attempt: Attempt | None = None) -> Answer: ...
+                   attempt: Attempt | None = None, withhold_key: bool = False) -> Answer:
+        """`withhold_key`: send this request without the Authorization header the wire carries."""
 
     async def aclose(self) -> None: ...
 
@@ -77,11 +78,13 @@ class HttpxWire:
 
     async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
-                   attempt: Attempt | None = None) -> Answer:
+                   attempt: Attempt | None = None, withhold_key: bool = False) -> Answer:
         h = self._headers if headers is None else ({**self._headers, **headers} if self._headers else headers)
         ext = {"trace": attempt if isinstance(attempt, AsyncAttempt) else _AsyncHook(attempt)} if attempt else None
         request = self.http.build_request(method, self._url(url), json=json, content=content, headers=h,
                                           timeout=timeout, extensions=ext)
+        if withhold_key:  # the caller's client may carry one too
+            request.headers.pop("authorization", None)
         return await self.http.send(request, stream=stream)
 
     async def aclose(self) -> None:
