@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from ._base_client import Attempt
+from ._errors import ConfigError
 
 _WATCH: contextvars.ContextVar["_Watch | None"] = contextvars.ContextVar("kotoba_attempt", default=None)
 JSON_HEADERS = {"content-type": "application/json"}
@@ -212,8 +213,9 @@ class AiohttpWire:
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
                    attempt: Attempt | None = None, withhold_key: bool = False) -> AiohttpAnswer:
         if self._closed:
-            raise RuntimeError("the client was closed")
+            raise ConfigError("this client was closed; make a new one")
         session = self._session or self._open()
+        extra: Mapping[str, str] | None
         if json is not None:
             content = _json.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
             extra = self._extra_json[withhold_key]

@@ -346,6 +346,11 @@ class AsyncClient(BaseClient):
     async def aclose(self) -> None:
         await self._wire.aclose()
 
+    async def send_raw(self, method: str, url: str, *, content: bytes | None = None,
+                       timeout: TimeoutArg = None) -> Answer:
+        """One request on this client's wire with its headers, read whole; no decisions, no resend."""
+        return await self._wire.send(method, url, content=content, timeout=self._timeout_for(timeout))
+
     async def __aenter__(self) -> "AsyncClient":
         return self
 

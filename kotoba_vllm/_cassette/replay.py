@@ -22,6 +22,7 @@ from .._errors import KotobaError
 from .._model import StreamDelta
 from ..cassettes import Cassette
 from ..dialects import classify_error
+from .loopback import LoopbackReplay
 
 BASE_URL = "http://cassette.invalid:8000"
 K_REQUEST = kw("call/request")
@@ -113,7 +114,6 @@ async def replay_async(c: Cassette, wire: str = "default") -> Outcome:
             await http.aclose()
             out.sent = [call.request.content for call in route.calls]
         return out
-    from .loopback import LoopbackReplay
     with LoopbackReplay(c) as srv:
         async with AsyncClient(srv.base_url, backend=c.backend) as client:
             out = await _drive_async(c, client, srv.base_url)
@@ -140,7 +140,7 @@ async def _drive_async(c: Cassette, client: AsyncClient, base: str) -> Outcome:
         elif c.op == "health":
             out.result = await client.health()
         else:  # probe / raw: through the client's own wire, errors typed by the SDK
-            r = await client._wire.send(c.method, base + c.path, content=c.request_body, timeout=client.timeout)
+            r = await client.send_raw(c.method, base + c.path, content=c.request_body)
             out.raw = r.content
             if r.status_code >= 400:
                 raise classify_error(r.status_code, r.content, r.headers, base + c.path)

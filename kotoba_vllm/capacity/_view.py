@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from .._errors import ConfigError
 from ._answer import PoolCapacity
 from ._verdict import Admission, admit
 
@@ -30,7 +31,7 @@ DEFAULT_INTERVAL_S = 0.5
 class CapacityView:
     def __init__(self, members: Sequence[str], interval_s: float = DEFAULT_INTERVAL_S) -> None:
         if interval_s < 0 or math.isnan(interval_s):
-            raise ValueError("the capacity interval must be >= 0 seconds")
+            raise ConfigError("the capacity interval must be >= 0 seconds")
         self.members = tuple(members)
         self.interval_s = interval_s
         self.snapshot: PoolCapacity | None = None
