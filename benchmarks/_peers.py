@@ -86,22 +86,21 @@ async def httpx_peer(url: str, conc: int, module: str = "httpx") -> tuple[Call, 
 
 
 async def openai_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable[Any]]]:
+    import importlib
+
     import openai
 
-    limits = openai.DefaultAsyncHttpxClient().__class__  # the client class openai documents for http_client
-    http = limits(limits=_openai_limits(conc))
+    # openai documents `http_client=DefaultAsyncHttpxClient(...)` for transport settings; its base is
+    # httpx2's AsyncClient in 3.x (httpx's before), so the Limits come from the same package.
+    base = openai.DefaultAsyncHttpxClient.__mro__[1]
+    hx: Any = importlib.import_module(base.__module__.split(".")[0])
+    http = openai.DefaultAsyncHttpxClient(limits=hx.Limits(max_connections=conc, max_keepalive_connections=conc))
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, http_client=http)
 
     async def call(msgs: list[dict[str, str]]) -> str:
         r = await client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4)  # type: ignore[arg-type]
         return r.choices[0].message.content or ""
     return call, client.close
-
-
-def _openai_limits(conc: int) -> Any:
-    import openai
-    hx: Any = sys.modules.get(type(openai.DefaultAsyncHttpxClient()).__module__.split(".")[0])
-    return hx.Limits(max_connections=conc, max_keepalive_connections=conc)
 
 
 async def flexllm_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable[Any]]]:
