@@ -14,7 +14,7 @@ import re
 import sys
 import uuid
 from decimal import Decimal
-from typing import Any, Callable, Iterator, Mapping, TextIO, TypeAlias, Union
+from typing import AbstractSet, Any, Callable, Iterator, Mapping, Sequence, TextIO, TypeAlias, Union
 
 import edn_format
 from edn_format import Keyword, Symbol
@@ -28,11 +28,13 @@ __all__ = [
 ]
 
 Edn: TypeAlias = Union[None, bool, int, float, Decimal, str, Keyword, Symbol, edn_format.Char, _dt.datetime, uuid.UUID,
-                       list["Edn"], tuple["Edn", ...], frozenset["Edn"], dict[Any, "Edn"]]
-"""An EDN value as the reader returns it and the writers take it: nil, booleans, numbers,
-strings, keywords, symbols, characters, #inst, #uuid; vectors as `list`, lists as `tuple`,
-sets as `frozenset`, maps as `dict`. Map keys are typed `Any` only because `dict` is
-invariant in its key: a `dict[Keyword, Edn]` would otherwise not be an `Edn`."""
+                       Sequence["Edn"], AbstractSet["Edn"], Mapping[Any, "Edn"]]
+"""An EDN value: nil, booleans, numbers, strings, keywords, symbols, characters, #inst, #uuid,
+and collections of EDN values. The reader returns vectors as `list`, lists as `tuple`, sets as
+`frozenset` and maps as `dict` (`isinstance` tells them apart); the collections are typed by
+their read-only protocols so that a `list[str]` or a `dict[Keyword, int]` is an `Edn` too (a
+`list[Edn]` alone would refuse them: `list` is invariant). Map keys are `Any` for the same reason:
+`Mapping` is invariant in its key."""
 
 EdnMap: TypeAlias = Mapping[Keyword, Edn]
 """A map with keyword keys: an EDN request (`{:vllm/endpoint :chat ...}`), a result, a spec."""

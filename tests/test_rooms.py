@@ -224,3 +224,62 @@ def test_public_subpackages_list_what_is_public(name: str) -> None:
     for n in public:
         assert hasattr(mod, n), f"kotoba_vllm.{name}.__all__ names {n}, which it does not have"
     assert name in (kotoba_vllm.__doc__ or ""), f"the package docstring names kotoba_vllm.{name} as public"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """kotoba_vllm modules this one imports when it is imported (not under TYPE_CHECKING)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("kotoba_vllm"):
+                out.add(target)
+                out.update(f"{target}.{a.name}" for a in node.names)  # `from . import _samples`
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("kotoba_vllm"))
+    return out
+
+
+def test_no_import_cycles() -> None:
+    """Layers import downward only: an import cycle is a module importing one above it."""
+    modules = {module_name(p): p for p in MODULES}
+    graph = {m: sorted(t for t in top_level_imports(p) if t in modules and t != m) for m, p in modules.items()}
+    # A package's __init__ only gathers what its modules define: importing it from a module inside
+    # it is how Python loads the package, not a layer going up.
+    for m, targets in graph.items():
+        graph[m] = [t for t in targets if not (m.startswith(t + ".") and modules[t].name == "__init__.py")]
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for t in graph[m]:
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t not in state:
+                found = visit(t)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            cycle = visit(m)
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
