@@ -24,7 +24,7 @@ from canned_server import CannedServer
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = os.path.join(HERE, "_peers.py")
 CONTENDERS = ("aiohttp", "kotoba", "kotoba-run", "httpx", "httpx2", "openai", "flexllm", "kotoba-httpx")
-PROBE_PATHS = ("/metrics", "/load")
+PROBE_PATHS = ("/metrics", "/load")  # whichever of them vLLM's probe asks
 CHAT = "/v1/chat/completions"
 
 

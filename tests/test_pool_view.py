@@ -16,6 +16,7 @@ import respx
 from faultserver import FaultServer, Seen, Sleep, Step, chat_answer, reply
 from kotoba_vllm import AdmissionRejected, ChatRequest, Message
 from kotoba_vllm.capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, CapacityAnswer, merge_pool_capacity
+from kotoba_vllm.capacity._verdict import PROBE_PATHS
 from kotoba_vllm.capacity._view import CapacityView
 from kotoba_vllm.pool import AsyncPool, Pool
 
@@ -148,6 +149,7 @@ def test_async_pool_shares_one_probe_round_and_spreads_unmeasured_members() -> N
         assert time.perf_counter() - t < 60
         probes = sum(1 for s in a.seen + b.seen if s.method == "GET")
         posts = Counter(r.extras["pool/member"] for r in results)
-    assert probes == 4  # one round: /metrics and /load of each member, shared by all 120 requests
+    # one round (vLLM's probe paths of each member), shared by all 120 requests
+    assert probes == 2 * len(PROBE_PATHS["vllm"])
     assert all(r.text == "Hello" and r.extras["capacity/enforced?"] is False for r in results)
     assert 0.4 <= posts[a.base_url] / n <= 0.6, posts
