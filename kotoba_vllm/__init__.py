@@ -1,9 +1,19 @@
-"""kotoba-vllm: an EDN-native client for vLLM, SGLang and llama.cpp inference servers."""
+"""kotoba-vllm: an EDN-native client for vLLM, SGLang and llama.cpp inference servers.
+
+Everything a client needs is re-exported here. Public subpackages, each listing its names in
+`__all__`: `kotoba_vllm.capacity` (capacity probes and verdicts), `kotoba_vllm.batch` (batch
+runs), `kotoba_vllm.bench` (benchmarks), `kotoba_vllm.distributed` (distributed specs and
+plans), `kotoba_vllm.local` (local llama.cpp servers), `kotoba_vllm.ray` (Ray, with the ray
+extra), `kotoba_vllm.pool` and `kotoba_vllm.cassettes`. A leading underscore means private.
+docs/architecture.md shows which module owns each step.
+"""
 
 from ._client import AsyncClient, AsyncStream, Client, Stream
-from ._edn import EdnError, Keyword, dumps, kw, pretty, read_file, read_forms
-from ._errors import (AdmissionRejected, BadRequest, KotobaError, NotReady, ProtocolError, RequestTimeout,
-                      ServerError, ServerFailure, StreamBroken, TransportError, Unreachable, ValidationError)
+from ._edn import Edn, EdnMap, Keyword, dumps, kw, pretty, read_file, read_forms
+from ._errors import (AdmissionRejected, BadRequest, CassetteError, ConfigError, EdnError, EdnWriteError,
+                      KotobaError, LocalServerError, NotReady, PromptError, ProtocolError, RequestTimeout, ServerError,
+                      ServerFailure, StreamBroken, StructureError, TransportError, Unparsable, Unreachable,
+                      ValidationError)
 from ._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, DetokenizeResponse,
                      EmbeddingRequest, EmbeddingResponse, Figure, GenerateRequest, Health, Message, ModelInfo,
                      ModelsResponse, Response, Sampling, StreamDelta, Timings, TokenizeRequest, TokenizeResponse,
@@ -26,4 +36,6 @@ __all__ = [
     "dumps", "from_edn", "get_dialect", "kw", "pretty", "read_file", "read_forms", "request_from_edn",
     "request_to_edn", "to_edn", "validate",
     "Pool", "AsyncPool",
+    "CassetteError", "ConfigError", "Edn", "EdnMap", "EdnWriteError", "LocalServerError", "PromptError",
+    "StructureError", "Unparsable",
 ]

@@ -9,22 +9,30 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Union
 
 import attrs
 import httpx
 
-from ._edn import Keyword
-from ._errors import (KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError, Unreachable,
-                      ValidationError, register_secret)
-from ._model import (BACKENDS, ChatRequest, CompletionRequest, GenerateRequest, Message, Request, Sampling,
-                     StreamDelta)
+from ._edn import Edn, EdnMap, Keyword
+from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError,
+                      Unreachable, ValidationError, register_secret)
+from ._model import (BACKENDS, REQUEST_TYPES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
+                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest, from_edn)
 from ._problems import Problem
 from ._requests import request_from_edn
 from ._timings import ClientClock
 from ._validate import validate
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
-from .dialects._http import decode_json
+from .dialects._http import decode_json, stream_error
+
+RequestInput = Union[Request, EdnMap]
+"""What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
+MessagesInput = Union[str, Iterable[Union[Message, EdnMap, Mapping[str, Any]]]]
+"""What `chat` takes: one user turn as a string, or messages (typed, EDN maps, or OpenAI-style
+dicts, whose values are JSON and checked when they become a `Message`)."""
+TimeoutArg = Union[float, httpx.Timeout, None]
+"""Seconds for every phase, an `httpx.Timeout` per phase, or None for the client's default."""
 
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 DETECT_TIMEOUT = httpx.Timeout(3.0)
@@ -65,10 +73,12 @@ def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
     if unknown:
         raise ValidationError([Problem("error", "sampling/unknown", f"unknown sampling argument {k!r}", field=k)
                                for k in unknown])
-    return Sampling(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()})
+    # Any: the caller's keyword values, checked by validation before anything is sent.
+    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()}
+    return Sampling(**values)
 
 
-def as_messages(messages: str | Iterable[Any]) -> tuple[Message, ...]:
+def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
     """A string (one user turn), typed messages, EDN message maps or OpenAI-style dicts."""
     if isinstance(messages, str):
         return (Message(role="user", content=messages),)
@@ -80,7 +90,6 @@ def as_messages(messages: str | Iterable[Any]) -> tuple[Message, ...]:
             out.append(Message(role=m["role"], content=m.get("content"), name=m.get("name"),
                                tool_call_id=m.get("tool_call_id")))
         else:
-            from ._model import from_edn
             out.append(from_edn(m, Message))
     return tuple(out)
 
@@ -122,6 +131,7 @@ class AsyncAttempt(Attempt):
 
     __slots__ = ()
 
+    # override: httpcore awaits the trace hook on async transports, so the same hook is a coroutine here.
     async def __call__(self, name: str, info: Mapping[str, Any]) -> None:  # type: ignore[override]
         Attempt.__call__(self, name, info)
 
@@ -170,7 +180,6 @@ class StreamRun:
     def on_data(self, data: str, event: str | None = None) -> list[StreamDelta]:
         if event == "error":
             obj = decode_json(data.encode())
-            from .dialects._http import stream_error
             raise stream_error(obj if isinstance(obj, dict) else {"message": data}, self.plan.url,
                                self.decoder.partial_text)
         try:
@@ -194,7 +203,7 @@ class StreamRun:
             self.finished = True
         return deltas
 
-    def on_end(self) -> Any:
+    def on_end(self) -> Response:
         if not self.finished:
             raise StreamBroken(f"stream from {self.plan.url} ended before the server finished",
                                partial_text=self.decoder.partial_text, endpoint=self.plan.url)
@@ -277,26 +286,64 @@ def server_root(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
+def client_headers(api_key: str | None, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The headers every request of a client carries: ours, the caller's (lower-cased), the key."""
+    h = {"user-agent": USER_AGENT, "accept": "application/json"}
+    if headers:
+        h.update({k.lower(): v for k, v in headers.items()})
+    if api_key:
+        h["authorization"] = f"Bearer {api_key}"
+    return h
+
+
+def api_key_or_env(api_key: str | None) -> str | None:
+    return api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+
+
+def to_request(request: RequestInput) -> Request:
+    """A typed request as is; an EDN request map read into one (ValidationError when it cannot be)."""
+    if isinstance(request, REQUEST_TYPES):
+        return request
+    if isinstance(request, Mapping) and all(isinstance(k, Keyword) for k in request):
+        req, problems = request_from_edn(dict(request))
+        if req is None:
+            raise ValidationError(problems)
+        return req
+    if isinstance(request, Mapping):
+        raise ValidationError([Problem("error", "request/type", "a request map needs :vllm/* keyword keys")])
+    raise ValidationError([Problem("error", "request/type", f"not a request: {type(request).__name__}")])
+
+
+def streaming(request: RequestInput) -> TextRequest:
+    """The request with streaming switched on; only text-generating requests stream."""
+    req = to_request(request)
+    if not isinstance(req, TEXT_REQUESTS):
+        raise ValidationError([Problem("error", "request/stream", f"a {req.endpoint} request does not stream",
+                                       field="vllm/stream")])
+    return req if req.stream else attrs.evolve(req, stream=True)
+
+
+def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
+                 extras: Mapping[str, Edn] | None) -> ChatRequest:
+    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
+                       stream=stream or None, tools=tools, extras=dict(extras or {}))
+
+
 class BaseClient:
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None) -> None:
         if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+            raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
         self.base_url = server_root(base_url or os.environ.get(BASE_URL_ENV) or "http://127.0.0.1:8000")
         self._backend = backend
         self._detected: dict[str, str] = {}
-        self.__api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.__api_key = api_key_or_env(api_key)
         register_secret(self.__api_key)  # a server quoting our Authorization header back never shows it
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else (
             DEFAULT_TIMEOUT if timeout is None else httpx.Timeout(timeout))
         self.model = model
-        h = {"user-agent": USER_AGENT, "accept": "application/json"}
-        if headers:
-            h.update({k.lower(): v for k, v in headers.items()})
-        if self.__api_key:
-            h["authorization"] = f"Bearer {self.__api_key}"
-        self._headers = h
+        self._headers = client_headers(self.__api_key, headers)
         self._urls: dict[str, httpx.URL] = {}  # see `_url`
 
     def __repr__(self) -> str:  # the key is never shown
@@ -308,23 +355,18 @@ class BaseClient:
         """The configured backend, or the one detected for the default base URL ("auto" until detected)."""
         return self._detected.get(self.base_url, self._backend)
 
+    def learn_backend(self, base_url: str, backend: str) -> None:
+        """Take the backend detected elsewhere (a pool's capacity probe) for `base_url`: no second detection."""
+        self._detected.setdefault(server_root(base_url), backend)
+
     # ------------------------------------------------------------ decisions
 
-    def _to_request(self, request: Any) -> Request:
-        if isinstance(request, dict) and all(isinstance(k, Keyword) for k in request):
-            req, problems = request_from_edn(request)
-            if req is None:
-                raise ValidationError(problems)
-            return req
-        if isinstance(request, dict):
-            raise ValidationError([Problem("error", "request/type", "a request map needs :vllm/* keyword keys")])
-        if not hasattr(request, "endpoint"):
-            raise ValidationError([Problem("error", "request/type", f"not a request: {type(request).__name__}")])
-        return request  # type: ignore[no-any-return]
+    def _to_request(self, request: RequestInput) -> Request:
+        return to_request(request)
 
     def _with_defaults(self, req: Request) -> Request:
         if req.model is None and self.model is not None:
-            return attrs.evolve(req, model=self.model)  # type: ignore[misc]
+            return attrs.evolve(req, model=self.model)
         return req
 
     def _base_for(self, req: Request) -> str:
@@ -344,7 +386,7 @@ class BaseClient:
         base = self._base_for(req)
         return Plan(req, dialect, http, base + http.path, base)
 
-    def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> Any:
+    def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:
         if status >= 400:
             raise classify_error(status, raw, headers, plan.url)
         obj = decode_json(raw)
@@ -375,16 +417,14 @@ class BaseClient:
             return self.timeout
         return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
 
-    def _chat_request(self, messages: Any, model: str | None, tools: Any, stream: bool,
-                      sampling: Mapping[str, Any], extras: Mapping[str, Any] | None) -> ChatRequest:
+    def _chat_request(self, messages: MessagesInput, model: str | None, tools: Edn, stream: bool,
+                      sampling: Mapping[str, Any], extras: Mapping[str, Edn] | None) -> ChatRequest:
         # The client's default model goes in here: `_with_defaults` would rebuild the request (attrs.evolve).
-        model = model if model is not None else self.model
-        return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
-                           stream=stream or None, tools=tools, extras=dict(extras or {}))
+        return chat_request(messages, model if model is not None else self.model, tools, stream, sampling, extras)
 
     def _completion_request(self, prompt: str, model: str | None, stream: bool, sampling: Mapping[str, Any],
-                            extras: Mapping[str, Any] | None, native: bool) -> Request:
-        cls = GenerateRequest if native else CompletionRequest
+                            extras: Mapping[str, Edn] | None, native: bool) -> CompletionRequest | GenerateRequest:
+        cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
         return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,
                    extras=dict(extras or {}))

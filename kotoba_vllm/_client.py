@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, overload
 
+import attrs
 import httpx
 
-from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, Plan, SseDecoder,
-                           StreamRun, decide_backend, may_resend, not_event_stream, transport_error)
+from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, MessagesInput, Plan,
+                           RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend,
+                           not_event_stream, streaming, transport_error)
+from ._edn import Edn, EdnMap
 from ._errors import KotobaError, ProtocolError
-from ._model import (DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
-                     ModelsResponse, Response, StreamDelta, TokenizeRequest, TokenizeResponse)
+from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
+                     ModelsResponse, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
 
@@ -88,7 +91,7 @@ class Stream:
     def __enter__(self) -> "Stream":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -153,7 +156,7 @@ class AsyncStream:
     async def __aenter__(self) -> "AsyncStream":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
 
@@ -178,7 +181,7 @@ class Client(BaseClient):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------ I/O primitives
@@ -220,15 +223,27 @@ class Client(BaseClient):
         self._detected[base] = found
         return found
 
-    def _prepare(self, request: Any) -> Plan:
+    def _prepare(self, request: RequestInput) -> Plan:
         req = self._with_defaults(self._to_request(request))
         backend = self._backend_for(self._base_for(req)) or self.detect_backend(self._base_for(req))
         return self._plan(req, backend)
 
     # ------------------------------------------------------------ the surface
 
-    def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> Any:
-        """Send a typed request or an EDN request map; return the typed answer.
+    @overload
+    def send(self, request: TextRequest, *, timeout: TimeoutArg = None) -> Response: ...
+    @overload
+    def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None) -> EmbeddingResponse: ...
+    @overload
+    def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None) -> TokenizeResponse: ...
+    @overload
+    def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None) -> DetokenizeResponse: ...
+    @overload
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse: ...
+
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse:
+        """Send a typed request or an EDN request map; return the typed answer (its type follows
+        the request's: `ChatRequest` -> `Response`, `TokenizeRequest` -> `TokenizeResponse`, ...).
         A streaming request is consumed and its assembled response returned."""
         plan = self._prepare(request)
         t = self._timeout_for(timeout)
@@ -238,13 +253,9 @@ class Client(BaseClient):
         r = self._send(plan, t, stream=False)
         return self._finish(plan, r.status_code, r.headers, r.content, sent)
 
-    def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> Stream:
+    def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None) -> Stream:
         """Open a stream for a typed request or EDN map (streaming is switched on)."""
-        import attrs
-        req = self._to_request(request)
-        if not req.stream:
-            req = attrs.evolve(req, stream=True)  # type: ignore[misc]
-        return self._open_stream(self._prepare(req), self._timeout_for(timeout))
+        return self._open_stream(self._prepare(streaming(request)), self._timeout_for(timeout))
 
     def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> Stream:
         sent = time.perf_counter()
@@ -259,21 +270,21 @@ class Client(BaseClient):
             raise classify_error(r.status_code, raw, r.headers, plan.url)
         return Stream(self, plan, r, sent, timeout)
 
-    def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-             extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Response:
+    def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+             extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
         return self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
 
-    def stream_chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-                    extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Stream:
+    def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+                    extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Stream:
         return self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
 
     def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                   extras: Mapping[str, Any] | None = None, timeout: float | None = None, **sampling: Any) -> Response:
+                   extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
         """`/v1/completions`, or the engine's native route (`native=True`: llama.cpp `/completion`, SGLang `/generate`)."""
         return self.send(self._completion_request(prompt, model, False, sampling, extras, native), timeout=timeout)
 
     def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                          extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                          extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                           **sampling: Any) -> Stream:
         return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout)
 
@@ -330,7 +341,7 @@ class AsyncClient(BaseClient):
     async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
@@ -369,12 +380,23 @@ class AsyncClient(BaseClient):
         self._detected[base] = found
         return found
 
-    async def _prepare(self, request: Any) -> Plan:
+    async def _prepare(self, request: RequestInput) -> Plan:
         req = self._with_defaults(self._to_request(request))
         backend = self._backend_for(self._base_for(req)) or await self.detect_backend(self._base_for(req))
         return self._plan(req, backend)
 
-    async def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> Any:
+    @overload
+    async def send(self, request: TextRequest, *, timeout: TimeoutArg = None) -> Response: ...
+    @overload
+    async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None) -> EmbeddingResponse: ...
+    @overload
+    async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None) -> TokenizeResponse: ...
+    @overload
+    async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None) -> DetokenizeResponse: ...
+    @overload
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse: ...
+
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse:
         plan = await self._prepare(request)
         t = self._timeout_for(timeout)
         if plan.http.stream:
@@ -383,12 +405,8 @@ class AsyncClient(BaseClient):
         r = await self._send(plan, t, stream=False)
         return self._finish(plan, r.status_code, r.headers, r.content, sent)
 
-    async def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None) -> AsyncStream:
-        import attrs
-        req = self._to_request(request)
-        if not req.stream:
-            req = attrs.evolve(req, stream=True)  # type: ignore[misc]
-        return await self._open_stream(await self._prepare(req), self._timeout_for(timeout))
+    async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None) -> AsyncStream:
+        return await self._open_stream(await self._prepare(streaming(request)), self._timeout_for(timeout))
 
     async def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> AsyncStream:
         sent = time.perf_counter()
@@ -403,24 +421,24 @@ class AsyncClient(BaseClient):
             raise classify_error(r.status_code, raw, r.headers, plan.url)
         return AsyncStream(self, plan, r, sent, timeout)
 
-    async def chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-                   extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+    async def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+                   extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                    **sampling: Any) -> Response:
         return await self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
 
-    async def stream_chat(self, messages: Any, *, model: str | None = None, tools: Any = None,
-                          extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+    async def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
+                          extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                           **sampling: Any) -> AsyncStream:
         return await self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
 
     async def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                         extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                         extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                          **sampling: Any) -> Response:
         return await self.send(self._completion_request(prompt, model, False, sampling, extras, native),
                                timeout=timeout)
 
     async def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                                extras: Mapping[str, Any] | None = None, timeout: float | None = None,
+                                extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
                                 **sampling: Any) -> AsyncStream:
         return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
                                  timeout=timeout)

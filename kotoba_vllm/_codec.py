@@ -16,20 +16,13 @@ from typing import Any, Callable, Iterable, TypeVar
 import attrs
 import cattrs
 
-from ._edn import Char, Form, Keyword, Symbol, kw
+from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
+from ._errors import StructureError
 from ._problems import Problem
 
 T = TypeVar("T")
 
 edn_converter = cattrs.Converter()
-
-
-class StructureError(ValueError):
-    """The EDN could not become the typed value; `problems` says where and why."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
 
 
 class Ctx:
@@ -119,6 +112,46 @@ def KW(*choices: str, namespace: str | None = None) -> Codec:
     return _Kw(choices or None, namespace)
 
 
+class _Word(Codec):
+    """A server's word (a finish reason): a keyword when it can be one, else the string as sent.
+
+    Python holds the server's spelling (`"tool_calls"`, `"stop sequence"`); EDN holds
+    `:tool_calls` or `"stop sequence"`, as the Clojure library does for valid keywords.
+    """
+
+    name = "a keyword or a string"
+
+    def to_edn(self, v: Any) -> Any:
+        return keyword_or_string(v)
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if isinstance(v, Keyword):
+            return v.name
+        if type(v) is str:
+            return v
+        raise _Bad(f"expected {self.name}, got {describe(v)}")
+
+
+WORD = _Word()
+
+
+class _NilWhenEmpty(Codec):
+    """Text that is nil in EDN when empty (a final stream delta), "" in Python so deltas join."""
+
+    name = "a string or nil"
+
+    def to_edn(self, v: Any) -> Any:
+        return v or None
+
+    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+        if type(v) is not str:
+            raise _Bad(f"expected {self.name}, got {describe(v)}")
+        return v
+
+
+TEXT_OR_NIL = _NilWhenEmpty()
+
+
 class _Many(Codec):
     def __init__(self, item: Codec) -> None:
         self.item, self.name = item, f"a vector of {item.name}"
@@ -164,7 +197,7 @@ def ONE_OF(*options: Codec) -> Codec:
 
 
 class _Nested(Codec):
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
         self.name = f"a {cls.__name__} map"
 
@@ -205,7 +238,6 @@ ANY = Codec()
 
 
 def describe(v: Any) -> str:
-    from ._edn import dumps
 
     try:
         text = dumps(v)
@@ -240,7 +272,7 @@ def _non_json(v: Any) -> str | None:
     return describe(v)
 
 
-def edn_to_json(v: Any) -> Any:
+def edn_to_json(v: Edn) -> Any:
     """EDN data -> JSON-ready Python: keywords become their (unqualified) names."""
     if isinstance(v, dict):
         return {(k.name.rsplit("/", 1)[-1] if isinstance(k, Keyword) else k): edn_to_json(x) for k, x in v.items()}
@@ -255,27 +287,31 @@ def edn_to_json(v: Any) -> Any:
     return v
 
 
-def json_to_edn(v: Any) -> Any:
+def json_to_edn(v: Any) -> Edn:
     """JSON value -> EDN data: object keys become plain keywords (`{"prompt_n": 4}` -> `{:prompt_n 4}`)."""
     if isinstance(v, dict):
-        return {kw(k) if _plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
+        return {kw(k) if plain_key(k) else k: json_to_edn(x) for k, x in v.items()}
     if isinstance(v, list):
         return [json_to_edn(x) for x in v]
-    return v
+    scalar: Edn = v  # JSON's other values (str, int, float, bool, None) are EDN as they are
+    return scalar
 
 
-def _plain_key(k: Any) -> bool:
-    # ASCII only: the EDN reader (and Clojure's) takes no other letters in a keyword
-    return isinstance(k, str) and bool(k) and k.isascii() and k.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() \
-        and not k[0].isdigit()
+def plain_key(k: Any) -> bool:
+    # a JSON key becomes a keyword only when every EDN reader reads it back as that key; "/" would add a namespace
+    return isinstance(k, str) and "/" not in k and is_keyword_name(k)
 
 
 # ------------------------------------------------------------------ fields
 
 
-def edn_field(key: str, codec: Codec = ANY, default: Any = None, **kwargs: Any) -> Any:
-    """An attrs field that reads and writes EDN key `key` (e.g. "vllm/model")."""
-    return attrs.field(default=default, metadata={"edn": key, "codec": codec}, **kwargs)
+def edn_field(key: str, codec: Codec = ANY, default: Any = None, *, always: bool = False, **kwargs: Any) -> Any:
+    """An attrs field that reads and writes EDN key `key` (e.g. "vllm/model").
+    `always`: written even when nil (a stream delta's `:vllm/delta` and `:vllm/finish-reason`)."""
+    meta = {"edn": key, "codec": codec}
+    if always:
+        meta["always"] = True
+    return attrs.field(default=default, metadata=meta, **kwargs)
 
 
 EXTRAS_META = "edn_extras"
@@ -287,7 +323,7 @@ def extras_field(namespaces: tuple[str, ...]) -> Any:
 
 
 class _Spec:
-    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required")
+    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required", "always")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -296,6 +332,7 @@ class _Spec:
         self.extras_attr: str | None = None
         self.extras_ns: tuple[str, ...] = ()
         self.required: list[str] = []
+        self.always: frozenset[str] = frozenset(a.name for a in attrs.fields(cls) if a.metadata.get("always"))
         for a in attrs.fields(cls):
             if EXTRAS_META in a.metadata:
                 self.extras_attr, self.extras_ns = a.name, a.metadata[EXTRAS_META]
@@ -310,7 +347,7 @@ class _Spec:
 _SPECS: dict[type, _Spec] = {}
 
 
-def _spec(cls: type) -> _Spec:
+def class_spec(cls: type) -> _Spec:
     s = _SPECS.get(cls)
     if s is None:
         s = _SPECS[cls] = _Spec(cls)
@@ -318,7 +355,7 @@ def _spec(cls: type) -> _Spec:
 
 
 def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Keyword] = ()) -> T | None:
-    spec = _spec(cls)
+    spec = class_spec(cls)
     kwargs: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     before = len(ctx.problems)
@@ -358,12 +395,14 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Key
 
 
 def _unstructure(obj: Any) -> dict[Keyword, Any]:
-    spec = _spec(type(obj))
+    spec = class_spec(type(obj))
     out: dict[Keyword, Any] = {}
     for name, k, codec in spec.fields:
         v = getattr(obj, name)
         if v is not None:
-            out[k] = codec.to_edn(v)
+            v = codec.to_edn(v)
+        if v is not None or name in spec.always:
+            out[k] = v
     if spec.extras_attr is not None:
         for name, v in getattr(obj, spec.extras_attr).items():
             out[kw(name)] = v
@@ -372,7 +411,7 @@ def _unstructure(obj: Any) -> dict[Keyword, Any]:
 
 def register(cls: type[T]) -> type[T]:
     """Class decorator: register EDN hooks for an attrs class on `edn_converter`."""
-    _spec(cls)
+    class_spec(cls)
     edn_converter.register_unstructure_hook(cls, _unstructure)
 
     def structure(m: Any, _: type) -> Any:

@@ -14,55 +14,40 @@ import re
 import sys
 import uuid
 from decimal import Decimal
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator, Mapping, TextIO, TypeAlias, Union
 
-from edn_format import Char, Keyword, Symbol
+import edn_format
+from edn_format import Keyword, Symbol
+
+from ._errors import EdnError, EdnWriteError
+from ._keywords import is_keyword_name, keyword_or_string, kw
 
 __all__ = [
-    "Char", "EdnError", "Form", "Keyword", "Symbol", "dumps", "kw",
-    "pretty", "read_all", "read_file", "read_forms", "read_one",
+    "BigInt", "Char", "Edn", "EdnError", "EdnMap", "Form", "Keyword", "Symbol", "WHITESPACE", "dumps",
+    "is_keyword_name", "keyword_or_string", "kw", "pretty", "read_all", "read_file", "read_forms", "read_one",
 ]
 
-# edn_format hashes a Keyword by building an ImmutableDict of its __dict__ on every call
-# (~1.8 us); keyword-keyed dict lookups made that a third of reading a request file.
-# Equal keywords have equal names, so hashing the name keeps hash/eq consistent.
-Keyword.__hash__ = lambda self: hash(self._name)  # type: ignore[method-assign]
+Edn: TypeAlias = Union[None, bool, int, float, Decimal, str, Keyword, Symbol, edn_format.Char, _dt.datetime, uuid.UUID,
+                       list["Edn"], tuple["Edn", ...], frozenset["Edn"], dict[Any, "Edn"]]
+"""An EDN value as the reader returns it and the writers take it: nil, booleans, numbers,
+strings, keywords, symbols, characters, #inst, #uuid; vectors as `list`, lists as `tuple`,
+sets as `frozenset`, maps as `dict`. Map keys are typed `Any` only because `dict` is
+invariant in its key: a `dict[Keyword, Edn]` would otherwise not be an `Edn`."""
 
-_KW_CACHE: dict[str, Keyword] = {}
-
-
-def kw(name: str) -> Keyword:
-    """An interned `Keyword` (`kw("vllm/model")` is `:vllm/model`)."""
-    k = _KW_CACHE.get(name)
-    if k is None:
-        k = _KW_CACHE[name] = Keyword(name)
-    return k
-
-
-class EdnError(ValueError):
-    """Bad EDN text, located: `source:line:column: message`."""
-
-    def __init__(self, msg: str, source: str = "<string>", line: int = 0, column: int = 0) -> None:
-        self.msg, self.source, self.line, self.column = msg, source, line, column
-        super().__init__(f"{source}:{line}:{column}: {msg}")
-
-    def to_edn(self) -> dict[Keyword, Any]:
-        return {kw("vllm/error"): kw("edn-syntax"), kw("vllm/message"): self.msg,
-                kw("vllm/source"): self.source, kw("vllm/line"): self.line,
-                kw("vllm/column"): self.column}
-
+EdnMap: TypeAlias = Mapping[Keyword, Edn]
+"""A map with keyword keys: an EDN request (`{:vllm/endpoint :chat ...}`), a result, a spec."""
 
 class Form:
     """One top-level form and where it started."""
 
     __slots__ = ("value", "source", "line", "column", "index", "_reader")
 
-    def __init__(self, value: Any, source: str, line: int, column: int, index: int,
+    def __init__(self, value: Edn, source: str, line: int, column: int, index: int,
                  reader: "_Reader | None" = None) -> None:
         self.value, self.source, self.line, self.column, self.index = value, source, line, column, index
         self._reader = reader
 
-    def locate(self, mapping: Any, key: Any) -> tuple[int, int] | None:
+    def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
         """Line and column of `key` inside a map read as part of this form."""
         r = self._reader
         off = r.key_offsets.get(id(mapping), {}).get(key) if r is not None else None
@@ -72,56 +57,120 @@ class Form:
     def where(self) -> str:
         return f"{self.source}:{self.line}:{self.column}"
 
+    def nested(self, value: Edn) -> Form:
+        """A form for `value`, read inside this one (an element of a top-level vector): it is
+        located where this form starts, and the keys of maps inside it stay locatable."""
+        return Form(value, self.source, self.line, self.column, 0, self._reader)
+
     def __repr__(self) -> str:
         return f"Form({self.value!r} @ {self.where})"
 
 
+# What ends a token, as clojure.edn decides: Java's Character.isWhitespace, the comma, and the
+# terminating macro characters. Python's `\s` differs (it counts U+00A0 and U+0085; Java does not),
+# and a differing split would read `a<U+00A0>b` as two symbols where Clojure reads one.
+WHITESPACE = "\t\n\x0b\x0c\r\x1c-\x1f ,\u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205f\u3000"
+_STOP = WHITESPACE + '";^()\\[\\]{}\\\\'
+
 _TOKEN = re.compile(
-    r"""
-    (?P<ws>[\s,]+|;[^\n]*)
+    rf"""
+    (?P<ws>[{WHITESPACE}]+|;[^\n\r]*)
   | (?P<str>"(?:[^"\\]|\\.)*")
-  | (?P<open>\#\{|[\[({])
-  | (?P<close>[\])}])
+  | (?P<open>\#\{{|[\[({{])
+  | (?P<close>[\])}}])
   | (?P<discard>\#_)
-  | (?P<tag>\#[A-Za-z][^\s,\[\](){}"#;]*)
-  | (?P<hash>\#[^\s]?)
-  | (?P<char>\\(?:newline|return|space|tab|u[0-9A-Fa-f]{4}|\S))
-  | (?P<atom>[^\s,\[\](){}"\\;]+)
+  | (?P<meta>\^|\#\^)
+  | (?P<nsmap>\#:)
+  | (?P<tag>\#[A-Za-z][^{_STOP}]*)
+  | (?P<hash>\#.?)
+  | (?P<char>\\.[^{_STOP}]*)
+  | (?P<atom>[^{_STOP}]+)
   | (?P<bad>.)
     """,
     re.VERBOSE | re.DOTALL,
 )
 _INT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)N?$")
 _FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?M?$")
-_SYMBOL = re.compile(r"[A-Za-z*!_?$%&=<>.+\-][A-Za-z0-9*!_?$%&=<>.+\-:#']*(?:/[A-Za-z0-9*!_?$%&=<>.+\-:#']+)?$|/$")
+# Symbols and keywords: the EDN spec's characters; every one of them Clojure reads the same way.
+_SYMBOL = re.compile(r"[A-Za-z*!_?$%&=<>.+\-][A-Za-z0-9*!_?$%&=<>.+\-:#']*"
+                     r"(?:/[A-Za-z*!_?$%&=<>.+\-][A-Za-z0-9*!_?$%&=<>.+\-:#']*)?$|/$")
 _STR_ESC = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "b": "\b", "f": "\f"}
-_CHARS = {"newline": "\n", "return": "\r", "space": " ", "tab": "\t"}
+# clojure.edn's named characters (what Clojure's pr-str prints for these chars)
+_CHARS = {"newline": "\n", "return": "\r", "space": " ", "tab": "\t", "backspace": "\b", "formfeed": "\f"}
+_CHAR_NAMES = {v: k for k, v in _CHARS.items()}
 _CLOSERS = {"[": "]", "(": ")", "{": "}", "#{": "}"}
 _SYMBOLIC = {"NaN": float("nan"), "Inf": float("inf"), "-Inf": float("-inf")}
+_HEX4 = re.compile(r"[0-9A-Fa-f]{4}")
+_OCTAL = re.compile(r"[0-7]{1,3}")
+# after a 1- or 2-digit octal string escape Clojure wants whitespace or a macro character
+_AFTER_SHORT_OCTAL = re.compile(f'[{WHITESPACE}";^()\\[\\]{{}}\\\\#]')
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
-def _inst(v: Any) -> _dt.datetime:
+class Char(edn_format.Char):
+    """A character (`\\a`). Unlike edn_format's, never equal to the one-char string "a" (Clojure's
+    `=` tells them apart), so `#{\\a "a"}` holds two elements here as there."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, edn_format.Char) and str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+class BigInt(int):
+    """An integer written with Clojure's `N` suffix (`7N`): equal to the int, written back with its `N`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"BigInt({int(self)})"
+
+
+# clojure.instant's timestamp grammar and ranges (RFC 3339 with optional parts, as #inst reads it)
+_INST = re.compile(r"(\d\d\d\d)(?:-(\d\d)(?:-(\d\d)(?:[T](\d\d)(?::(\d\d)(?::(\d\d)(?:[.](\d+))?)?)?)?)?)?"
+                   r"(?:[Z]|([-+])(\d\d):(\d\d))?")
+
+
+def _inst(v: Edn) -> _dt.datetime:
     if not isinstance(v, str):
         raise ValueError("#inst needs a string")
-    return _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    m = _INST.fullmatch(v)
+    if m is None:
+        raise ValueError(f"unrecognized date/time syntax {v!r}")
+    year, month, day, hour, minute, sec, frac, sign, oh, om = m.groups()
+    if sec == "60" or (oh is not None and (int(oh) > 23 or int(om) > 59)):
+        raise ValueError(f"{v!r} is out of range")
+    micro = int((frac or "0")[:6].ljust(6, "0"))
+    offset = 0 if sign is None else (1 if sign == "+" else -1) * (int(oh) * 60 + int(om))
+    tz = _dt.timezone(_dt.timedelta(minutes=offset))
+    return _dt.datetime(int(year), int(month or 1), int(day or 1), int(hour or 0), int(minute or 0),
+                        int(sec or 0), micro, tzinfo=tz)
 
 
-def _uuid(v: Any) -> uuid.UUID:
+_UUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
+
+
+def _uuid(v: Edn) -> uuid.UUID:
     if not isinstance(v, str):
         raise ValueError("#uuid needs a string")
+    if not _UUID.fullmatch(v):  # Python's UUID() takes braces and URNs; Java's fromString reads these others apart
+        raise ValueError(f"{v!r} is not a canonical 8-4-4-4-12 UUID")
     return uuid.UUID(v)
 
 
-TAG_HANDLERS: dict[str, Callable[[Any], Any]] = {"inst": _inst, "uuid": _uuid}
+TAG_HANDLERS: dict[str, Callable[[Edn], Edn]] = {"inst": _inst, "uuid": _uuid}
 MAX_DEPTH = 100  # nesting levels a reader accepts; requests and specs use a handful
 
 
 class _Reader:
-    def __init__(self, text: str, source: str) -> None:
+    def __init__(self, text: str, source: str, line: int = 1, column: int = 1) -> None:
         self.text, self.source = text, source
+        self.base_line, self.base_column = line, column  # where `text` starts in its file
         self._mark = (0, 1)  # (offset, line number at that offset) of the last `where`
         self.tokens = _TOKEN.finditer(text)
-        self.peeked: re.Match[str] | None = None
         self.key_offsets: dict[int, dict[Any, int]] = {}
         self.depth = 0
 
@@ -131,7 +180,8 @@ class _Reader:
         start, line = self._mark if pos >= self._mark[0] else (0, 1)
         line += self.text.count("\n", start, pos)
         self._mark = (pos, line)
-        return line, pos - (self.text.rfind("\n", 0, pos) + 1) + 1
+        col = pos - (self.text.rfind("\n", 0, pos) + 1) + 1
+        return line + self.base_line - 1, col + (self.base_column - 1 if line == 1 else 0)
 
     def enter(self, pos: int) -> None:
         # Bounded nesting: '[' x 500 must be a located error, not Python's RecursionError.
@@ -144,15 +194,24 @@ class _Reader:
         return EdnError(msg, self.source, line, col)
 
     def next(self) -> re.Match[str] | None:
-        if self.peeked is not None:
-            m, self.peeked = self.peeked, None
-            return m
         for m in self.tokens:
             if m.lastgroup != "ws":
                 return m
         return None
 
-    def read(self, m: re.Match[str]) -> Any:
+    def value_after(self, pos: int, what: str) -> tuple[Any, int]:
+        """The next form that is not discarded (a tag's value, metadata and its target), and its offset."""
+        self.enter(pos)
+        while True:
+            m = self.next()
+            if m is None:
+                raise self.fail(f"{what}: the text ends first", pos)
+            v = self.read(m)
+            if v is not _DISCARDED:
+                self.depth -= 1
+                return v, m.start()
+
+    def read(self, m: re.Match[str]) -> Any:  # an Edn value, or _DISCARDED after #_
         kind, tok, pos = m.lastgroup, m.group(), m.start()
         if kind == "atom":
             return self.atom(tok, pos)
@@ -166,52 +225,86 @@ class _Reader:
         if kind == "close":
             raise self.fail(f"unmatched '{tok}'", pos)
         if kind == "char":
-            body = tok[1:]
-            if body in _CHARS:
-                return Char(_CHARS[body])
-            if len(body) == 5 and body[0] == "u":
-                return Char(chr(int(body[1:], 16)))
-            return Char(body)
+            return self.char(tok[1:], pos)
         if kind == "discard":
-            nxt = self.next()
-            if nxt is None:
-                raise self.fail("#_ with nothing to discard", pos)
-            self.enter(pos)
-            self.read(nxt)
-            self.depth -= 1
+            self.value_after(pos, "#_ with nothing to discard")
             return _DISCARDED
+        if kind == "meta":
+            return self.meta(pos)
+        if kind == "nsmap":
+            return self.namespaced_map(m.end(), pos)
         if kind == "tag":
             name = tok[1:]
-            nxt = self.next()
-            if nxt is None:
-                raise self.fail(f"tag #{name} with no value", pos)
-            self.enter(pos)
-            value = self.read(nxt)
-            self.depth -= 1
+            value, _ = self.value_after(pos, f"tag #{name} with no value")
             handler = TAG_HANDLERS.get(name)
             if handler is None:
                 raise self.fail(f"unknown tag #{name}", pos)
             try:
                 return handler(value)
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, OverflowError) as e:
                 raise self.fail(f"bad #{name} value: {e}", pos) from None
         if kind == "bad":  # finditer would otherwise skip it silently
             raise self.fail("string is never closed" if tok == '"' else f"unexpected character {tok!r}", pos)
-        if kind == "hash" and tok == "##":  # symbolic values, as the writer emits them
-            nxt = self.next()
-            name = nxt.group() if nxt is not None and nxt.lastgroup == "atom" else ""
-            if name in _SYMBOLIC:
-                return _SYMBOLIC[name]
-            raise self.fail(f"unknown symbolic value ##{name}", pos)
-        if kind == "hash":
-            what = "evaluation (#=) is not allowed" if tok == "#=" else f"unsupported dispatch '{tok}'"
-            raise self.fail(what, pos)
-        raise self.fail(f"unexpected {tok!r}", pos)  # pragma: no cover
+        if tok == "##":  # symbolic values, as the writer emits them
+            name, _ = self.value_after(pos, "## with no name")
+            if isinstance(name, Symbol) and name.name in _SYMBOLIC:
+                return _SYMBOLIC[name.name]
+            raise self.fail(f"unknown symbolic value ##{dumps(name)}", pos)
+        what = "evaluation (#=) is not allowed" if tok == "#=" else f"unsupported dispatch {tok!r}"
+        raise self.fail(what, pos)
 
-    def atom(self, tok: str, pos: int) -> Any:
+    def char(self, body: str, pos: int) -> Char:
+        """A character literal as clojure.edn reads it: one UTF-16 unit, a name, \\uXXXX or \\oNNN."""
+        if len(body) == 1:
+            if ord(body) > 0xFFFF:
+                raise self.fail(f"character \\{body} is outside the Basic Multilingual Plane; "
+                                "Clojure chars cannot hold it (use a string)", pos)
+            return Char(body)
+        named = _CHARS.get(body)
+        if named is not None:
+            return Char(named)
+        if body[0] == "u" and _HEX4.fullmatch(body, 1):
+            code = int(body[1:], 16)
+            if 0xD800 <= code <= 0xDFFF:
+                raise self.fail(f"character \\{body} is a lone UTF-16 surrogate", pos)
+            return Char(chr(code))
+        if body[0] == "o" and _OCTAL.fullmatch(body, 1) and int(body[1:], 8) <= 0o377:
+            return Char(chr(int(body[1:], 8)))
+        raise self.fail(f"unsupported character \\{body}", pos)
+
+    def meta(self, pos: int) -> Any:
+        """`^meta form`: read as clojure.edn does, and left out of the value (as Clojure's `=` ignores it)."""
+        meta, _ = self.value_after(pos, "metadata")
+        if not isinstance(meta, (Symbol, str, Keyword, dict)):
+            raise self.fail("metadata must be a symbol, keyword, string or map", pos)
+        target, tpos = self.value_after(pos, "metadata with nothing to apply to")
+        if not isinstance(target, (list, tuple, dict, frozenset, Symbol)):
+            raise self.fail(f"metadata on {dumps(target)[:40]}: only collections and symbols carry metadata",
+                            tpos)
+        return target
+
+    def namespaced_map(self, after: int, pos: int) -> dict[Any, Any]:
+        """`#:vllm{:model "m"}` is `{:vllm/model "m"}`; `:_/k` inside stays `:k`."""
+        if self.text.startswith(":", after):
+            raise self.fail("#::{} needs the current namespace of Clojure source; EDN has none: "
+                            "write #:ns{...} or full keywords", pos)
+        ns, npos = self.value_after(pos, "#: with no namespace")
+        if not isinstance(ns, Symbol) or "/" in ns.name:
+            raise self.fail(f"#: needs a namespace name, found {dumps(ns)[:40]}", npos)
+        m = next(self.tokens, None)
+        while m is not None and m.lastgroup == "ws" and not m.group().startswith(";"):
+            m = next(self.tokens, None)  # Clojure skips whitespace here, but not comments
+        if m is None or m.group() != "{":
+            raise self.fail(f"#:{ns.name} must be followed by a map", pos)
+        self.enter(m.start())
+        out: dict[Any, Any] = self.coll("{", m.start(), ns.name)  # coll reads a map after "{"
+        self.depth -= 1
+        return out
+
+    def atom(self, tok: str, pos: int) -> Edn:
         if tok[0] == ":":
             name = tok[1:]
-            if not name or name[0] == ":" or name.endswith("/") or name.startswith("/") or not _SYMBOL.match(name):
+            if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
                 raise self.fail(f"invalid keyword {tok!r}", pos)
             return kw(name)
         if tok == "nil":
@@ -223,11 +316,11 @@ class _Reader:
         c = tok[0]
         if c.isdigit() or (c in "+-" and len(tok) > 1 and tok[1].isdigit()):
             if _INT.match(tok):
-                return int(tok.rstrip("N"))
+                return BigInt(tok[:-1]) if tok.endswith("N") else int(tok)
             if _FLOAT.match(tok):
                 return Decimal(tok[:-1]) if tok.endswith("M") else float(tok)
             raise self.fail(f"invalid number {tok!r}", pos)
-        if _SYMBOL.match(tok):
+        if _SYMBOL.match(tok) and _clojure_name(tok):
             return Symbol(tok)
         raise self.fail(f"invalid token {tok!r}", pos)
 
@@ -240,21 +333,37 @@ class _Reader:
         while i < n:
             ch = body[i]
             if ch != "\\":
-                out.append(ch)
-                i += 1
+                j = body.find("\\", i)
+                j = n if j == -1 else j
+                out.append(body[i:j])
+                i = j
                 continue
             esc = body[i + 1]
             if esc in _STR_ESC:
                 out.append(_STR_ESC[esc])
                 i += 2
-            elif esc == "u" and re.fullmatch(r"[0-9A-Fa-f]{4}", body[i + 2:i + 6]):
+            elif esc == "u" and _HEX4.fullmatch(body, i + 2, i + 6):
                 out.append(chr(int(body[i + 2:i + 6], 16)))
                 i += 6
+            elif esc in "01234567":
+                # union-attr: `esc` is an octal digit, so _OCTAL matches here.
+                digits = _OCTAL.match(body, i + 1, i + 4).group()  # type: ignore[union-attr]
+                end = i + 1 + len(digits)
+                # Clojure reads up to three octal digits; after fewer, the next char must end a token
+                if len(digits) < 3 and end < n and not _AFTER_SHORT_OCTAL.match(body, end):
+                    raise self.fail(f"octal escape '\\{digits}' runs into {body[end]!r}", pos + 1 + i)
+                if int(digits, 8) > 0o377:
+                    raise self.fail(f"octal escape '\\{digits}' is above \\377", pos + 1 + i)
+                out.append(chr(int(digits, 8)))
+                i = end
             else:
                 raise self.fail(f"invalid string escape '\\{esc}'", pos + 1 + i)
-        return "".join(out)
+        s = "".join(out)
+        if _SURROGATES.search(s):  # "\uD83D\uDE00" is one character (U+1F600), as in Java's UTF-16 strings
+            s = s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+        return s
 
-    def coll(self, opener: str, pos: int) -> Any:
+    def coll(self, opener: str, pos: int, namespace: str | None = None) -> Any:
         closer = _CLOSERS[opener]
         items: list[Any] = []
         starts: list[int] = []
@@ -291,6 +400,8 @@ class _Reader:
         self.key_offsets[id(out)] = offsets
         for i in range(0, len(items), 2):
             k = items[i]
+            if namespace is not None:
+                k = _in_namespace(k, namespace)
             try:
                 if k in out:
                     raise self.fail(f"duplicate map key {dumps(k)}", starts[i])
@@ -301,17 +412,34 @@ class _Reader:
         return out
 
 
+def _clojure_name(name: str) -> bool:
+    """Clojure refuses a symbol or keyword whose name ends in ':' or that holds '::'."""
+    ns, _, local = name.rpartition("/") if name != "/" else ("", "", name)
+    return not (local.endswith(":") or ns.endswith(":") or "::" in name)
+
+
+def _in_namespace(k: Any, ns: str) -> Any:
+    """A key inside `#:ns{...}`: unqualified gets `ns`, `_/name` loses its namespace, others stay."""
+    if isinstance(k, Keyword):
+        if "/" not in k.name:
+            return kw(f"{ns}/{k.name}")
+        if k.name.startswith("_/"):
+            return kw(k.name[2:])
+    elif isinstance(k, Symbol) and k.name != "/":
+        if "/" not in k.name:
+            return Symbol(f"{ns}/{k.name}")
+        if k.name.startswith("_/"):
+            return Symbol(k.name[2:])
+    return k
+
+
 _DISCARDED = object()
 
 
-def read_forms(text: str, source: str = "<string>") -> Iterator[Form]:
-    """Yield each top-level form with its position; raises `EdnError` at the first error."""
-    return _forms(_Reader(text, source))
-
-
-def _forms(r: "_Reader") -> Iterator[Form]:
-    """Every top-level form a reader holds, located by that reader."""
-    source = r.source
+def read_forms(text: str, source: str = "<string>", *, line: int = 1, column: int = 1) -> Iterator[Form]:
+    """Yield each top-level form with its position; raises `EdnError` at the first error.
+    `line`/`column`: where `text` starts in its file, when it is a piece of a larger one."""
+    r = _Reader(text, source, line, column)
     index = 0
     while True:
         m = r.next()
@@ -320,16 +448,16 @@ def _forms(r: "_Reader") -> Iterator[Form]:
         v = r.read(m)
         if v is _DISCARDED:
             continue
-        line, col = r.where(m.start())
-        yield Form(v, source, line, col, index, r)
+        fl, fc = r.where(m.start())
+        yield Form(v, source, fl, fc, index, r)
         index += 1
 
 
-def read_all(text: str, source: str = "<string>") -> list[Any]:
+def read_all(text: str, source: str = "<string>") -> list[Edn]:
     return [f.value for f in read_forms(text, source)]
 
 
-def read_one(text: str, source: str = "<string>") -> Any:
+def read_one(text: str, source: str = "<string>") -> Edn:
     forms = list(read_forms(text, source))
     if len(forms) != 1:
         raise EdnError(f"expected exactly one form, found {len(forms)}", source, 1, 1)
@@ -361,7 +489,36 @@ def _str(s: str) -> str:
     return '"' + _ESC_RE.sub(lambda m: _ESC_OUT.get(m.group(), "\\u%04x" % ord(m.group())), s) + '"'
 
 
-def _scalar(v: Any) -> str | None:
+_READABLE: set[str] = set()  # keyword and symbol names already checked
+
+
+def _name(n: str, prefix: str) -> str:
+    """`:name` or `name`, refusing what no reader would read back as the same keyword or symbol."""
+    if n not in _READABLE or not prefix and n in ("nil", "true", "false"):
+        if not (n == "/" and not prefix or n and n[0] not in ":/" and _SYMBOL.match(n) and _clojure_name(n)
+                and (prefix or n not in ("nil", "true", "false"))):
+            what = "keyword" if prefix else "symbol"
+            raise EdnWriteError(f"{what} {prefix}{n} would not read back as itself; use a string "
+                             "(keyword_or_string does this for a server's words)")
+        _READABLE.add(n)
+    return prefix + n
+
+
+def _char(c: str) -> str:
+    """A char both readers read back: a name, a printable ASCII char, else \\uXXXX."""
+    name = _CHAR_NAMES.get(c)
+    if name is not None:
+        return "\\" + name
+    code = ord(c)
+    if 0x21 <= code <= 0x7E:
+        return "\\" + c
+    if code > 0xFFFF or 0xD800 <= code <= 0xDFFF:
+        raise EdnWriteError(f"char U+{code:04X} has no EDN form Clojure reads (its chars are single "
+                         "UTF-16 units); write it in a string")
+    return "\\u%04x" % code
+
+
+def _scalar(v: Any) -> str | None:  # Any: dispatch on exact type (faster), which mypy does not narrow
     if v is None:
         return "nil"
     if v is True:
@@ -372,7 +529,7 @@ def _scalar(v: Any) -> str | None:
     if t is str:
         return _str(v)
     if t is Keyword:
-        return ":" + v.name
+        return _name(v.name, ":")
     if t is int:
         return str(v)
     if t is float:
@@ -382,11 +539,14 @@ def _scalar(v: Any) -> str | None:
     return None
 
 
-def dumps(v: Any) -> str:
-    """Compact EDN text."""
+def dumps(value: object) -> str:
+    """Compact EDN text that our reader and clojure.edn both read back to `value` (an EDN value, or
+    anything with `.to_edn()`). Raises `EdnWriteError` for what no EDN text can carry (a keyword
+    with a space in it, an object with no EDN form)."""
+    v: Any = value  # dispatch on exact type (faster than isinstance), which mypy does not narrow
     t = type(v)  # exact types that responses are made of first; the general rules below
     if t is Keyword:
-        return ":" + v.name
+        return _name(v.name, ":")
     if t is str:
         return _str(v)
     if t is dict:
@@ -405,17 +565,21 @@ def dumps(v: Any) -> str:
     if isinstance(v, (set, frozenset)):
         return "#{" + " ".join(sorted(dumps(x) for x in v)) + "}"
     if isinstance(v, Keyword):
-        return ":" + v.name
+        return _name(v.name, ":")
     if isinstance(v, Symbol):
-        return v.name
-    if isinstance(v, Char):
-        return "\\" + {"\n": "newline", "\r": "return", " ": "space", "\t": "tab"}.get(str(v), str(v))
+        return _name(v.name, "")
+    if isinstance(v, edn_format.Char):
+        return _char(str(v))
     if isinstance(v, Decimal):
+        if not v.is_finite():
+            raise EdnWriteError(f"{v} has no EDN form (BigDecimal is finite); use a float for ##NaN or ##Inf")
         return str(v) + "M"
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, BigInt):
+        return str(int(v)) + "N"
     if isinstance(v, int):
-        return str(v)
+        return str(int(v))
     if isinstance(v, float):
         return _scalar(float(v)) or repr(v)
     if isinstance(v, _dt.datetime):
@@ -423,14 +587,14 @@ def dumps(v: Any) -> str:
     if isinstance(v, uuid.UUID):
         return '#uuid "' + str(v) + '"'
     if isinstance(v, str):
-        return _str(v)
+        return _str(str(v))
     to_edn = getattr(v, "to_edn", None)
     if to_edn is not None:
         return dumps(to_edn())
-    raise TypeError(f"cannot write {type(v).__name__} as EDN")
+    raise EdnWriteError(f"cannot write {type(v).__name__} as EDN")
 
 
-def pretty(v: Any, width: int = 88, indent: int = 0) -> str:
+def pretty(v: object, width: int = 88, indent: int = 0) -> str:
     """Readable EDN: a collection that fits in `width` stays on one line, else one entry a line."""
     flat = dumps(v)
     if len(flat) + indent <= width or not isinstance(v, (dict, list, tuple)) or not v:

@@ -1,4 +1,4 @@
-"""Every error the client raises, each with `.to_edn()`.
+"""Every error kotoba-vllm raises on purpose, each with `.to_edn()`. One root: `KotobaError`.
 
     KotobaError
     ├── ValidationError          problems found before sending; nothing was sent
@@ -11,17 +11,33 @@
     │   ├── NotReady             503 while the model loads
     │   ├── BadRequest           4xx: the engine's own message and type kept
     │   └── ServerFailure        other 5xx
-    └── ProtocolError            malformed JSON or SSE; the offending bytes kept
+    ├── ProtocolError            malformed JSON or SSE; the offending bytes kept
+    ├── EdnError                 EDN text that does not read: `source:line:column: why`   (also a ValueError)
+    ├── EdnWriteError            a value with no EDN form given to the writer  (also a TypeError and ValueError)
+    ├── StructureError           EDN that reads but is not the typed shape; located problems (also a ValueError)
+    ├── ConfigError              an argument or config file that cannot be used (pool file, backend name)
+    │                                                                                       (also a ValueError)
+    ├── CassetteError            a cassette file without the cassette shape (file and key)  (also a ValueError)
+    ├── PromptError              a bench prompt file that is not prompts                    (also a ValueError)
+    ├── Unparsable               a capacity endpoint answered with something unreadable     (also a ValueError)
+    └── LocalServerError         a local llama.cpp binary is missing or failed to start     (also a RuntimeError)
 
-Admission answers are never retried by the client: one call, one HTTP request.
+The second bases keep `except ValueError` callers working. Admission answers are never retried
+by the client: one call, one HTTP request.
+
+This module sits below the EDN reader (which raises `EdnError`): it names keywords through
+`_keywords`, not `_edn`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
-from ._edn import Keyword, kw
-from ._problems import Problem
+from ._keywords import Keyword, keyword_or_string, kw
+
+if TYPE_CHECKING:  # _edn and _problems (which imports _edn) import this module
+    from ._edn import Edn
+    from ._problems import Problem
 
 _MAX_RAW = 4096
 REDACTED = "<redacted>"
@@ -63,11 +79,11 @@ class KotobaError(Exception):
         self.message = message
         self.endpoint = endpoint
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {}
 
-    def to_edn(self) -> dict[Keyword, Any]:
-        out: dict[Keyword, Any] = {kw("vllm/error"): kw(self.kind), kw("vllm/message"): self.message}
+    def to_edn(self) -> dict[Keyword, Edn]:
+        out: dict[Keyword, Edn] = {kw("vllm/error"): kw(self.kind), kw("vllm/message"): self.message}
         if self.endpoint is not None:
             out[kw("vllm/endpoint-url")] = self.endpoint
         for k, v in self._fields().items():
@@ -79,7 +95,7 @@ class KotobaError(Exception):
         return f"{type(self).__name__}({self.message!r}, endpoint={self.endpoint!r})"
 
 
-def _redact_edn(v: Any) -> Any:
+def _redact_edn(v: Edn) -> Edn:
     if not _SECRETS:
         return v
     if isinstance(v, str):
@@ -99,7 +115,7 @@ class ValidationError(KotobaError):
         super().__init__("; ".join(str(p) for p in errors) or "invalid request", endpoint=endpoint)
         self.problems = problems
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/problems": [p.to_edn() for p in self.problems]}
 
 
@@ -119,7 +135,7 @@ class RequestTimeout(TransportError):
         super().__init__(message, endpoint=endpoint)
         self.phase, self.limit_s, self.partial_text = phase, limit_s, partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/timeout-phase": kw(self.phase), "vllm/timeout-s": self.limit_s,
                 "vllm/partial-text": self.partial_text}
 
@@ -131,7 +147,7 @@ class StreamBroken(TransportError):
         super().__init__(message, endpoint=endpoint)
         self.partial_text = partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/partial-text": self.partial_text}
 
 
@@ -140,14 +156,14 @@ class ServerError(KotobaError):
 
     def __init__(self, message: str, *, status: int | None, endpoint: str | None = None,
                  error_type: str | None = None, raw_body: bytes | str | None = None,
-                 details: dict[str, Any] | None = None, partial_text: str | None = None) -> None:
+                 details: Mapping[Keyword | str, Edn] | None = None, partial_text: str | None = None) -> None:
         super().__init__(message, endpoint=endpoint)
         self.status, self.error_type = status, error_type
         self.raw_body = _clip(raw_body)
-        self.details = details or {}
+        self.details: dict[Keyword | str, Edn] = dict(details or {})
         self.partial_text = partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/status": self.status, "vllm/error-type": self.error_type,
                 "vllm/details": self.details or None, "vllm/raw-body": self.raw_body,
                 "vllm/partial-text": self.partial_text}
@@ -161,13 +177,15 @@ class AdmissionRejected(ServerError):
     def __init__(self, message: str, *, reason: str, retry_after_s: float | None = None,
                  status: int | None = 429, endpoint: str | None = None, raw_body: bytes | str | None = None,
                  error_type: str | None = None, sent: bool = True, partial_text: str | None = None,
-                 capacity: Any = None, details: dict[str, Any] | None = None) -> None:
+                 capacity: dict[Keyword, Edn] | None = None,
+                 details: Mapping[Keyword | str, Edn] | None = None) -> None:
         super().__init__(message, status=status, endpoint=endpoint, raw_body=raw_body, error_type=error_type,
                          partial_text=partial_text, details=details)
         self.reason, self.retry_after_s, self.sent, self.capacity = reason, retry_after_s, sent, capacity
 
-    def _fields(self) -> dict[str, Any]:
-        out = {"vllm/reason": kw(self.reason), "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
+    def _fields(self) -> dict[str, Edn]:
+        out: dict[str, Edn] = {"vllm/reason": keyword_or_string(self.reason),
+                               "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
         out.update(super()._fields())
         out["vllm/capacity"] = self.capacity
         return out
@@ -194,9 +212,73 @@ class ProtocolError(KotobaError):
         self.offending = _clip(offending)
         self.partial_text = partial_text
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Edn]:
         return {"vllm/offending": self.offending, "vllm/partial-text": self.partial_text}
 
 
+class EdnError(KotobaError, ValueError):
+    """Bad EDN text, located: `source:line:column: message`."""
+
+    kind = "edn-syntax"
+
+    def __init__(self, msg: str, source: str = "<string>", line: int = 0, column: int = 0) -> None:
+        self.msg, self.source, self.line, self.column = msg, source, line, column
+        super().__init__(f"{source}:{line}:{column}: {msg}")
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}:{self.column}"
+
+    def to_edn(self) -> dict[Keyword, Edn]:
+        return {kw("vllm/error"): kw(self.kind), kw("vllm/message"): self.msg,
+                kw("vllm/source"): self.source, kw("vllm/line"): self.line,
+                kw("vllm/column"): self.column}
+
+
+class EdnWriteError(KotobaError, TypeError, ValueError):
+    kind = "edn-write"
+
+
+class StructureError(KotobaError, ValueError):
+    """The EDN could not become the typed value; `problems` says where and why."""
+
+    kind = "structure"
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("; ".join(str(p) for p in problems) or "bad structure")
+        self.problems = problems
+
+    def _fields(self) -> dict[str, Edn]:
+        return {"vllm/problems": [p.to_edn() for p in self.problems]}
+
+
+class ConfigError(KotobaError, ValueError):
+    kind = "config"
+
+
+class CassetteError(KotobaError, ValueError):
+    """A cassette file that does not have the cassette shape (names the file and the key)."""
+
+    kind = "cassette"
+
+
+class PromptError(KotobaError, ValueError):
+    kind = "prompt"
+
+
+class Unparsable(KotobaError, ValueError):
+    """The probe answered, but not with something we can read as capacity."""
+
+    kind = "unparsable"
+
+
+class LocalServerError(KotobaError, RuntimeError):
+    """A local llama.cpp binary is missing, or a server failed to start."""
+
+    kind = "local-server"
+
+
 ALL_ERRORS = (KotobaError, ValidationError, TransportError, Unreachable, RequestTimeout, StreamBroken,
-              ServerError, AdmissionRejected, NotReady, BadRequest, ServerFailure, ProtocolError)
+              ServerError, AdmissionRejected, NotReady, BadRequest, ServerFailure, ProtocolError,
+              EdnError, EdnWriteError, StructureError, ConfigError, CassetteError, PromptError, Unparsable,
+              LocalServerError)

@@ -6,13 +6,13 @@ Every class is registered on `edn_converter`: `to_edn(x)` / `from_edn(m, Cls)`.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import attrs
 
-from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR,
+from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register)
-from ._edn import Keyword
+from ._edn import Edn, Keyword
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
@@ -72,7 +72,7 @@ class Sampling:
     stop: str | tuple[str, ...] | None = edn_field("vllm/stop", ONE_OF(STR, MANY(STR)))
     seed: int | None = edn_field("vllm/seed", INT)
     logprobs: int | bool | None = edn_field("vllm/logprobs", INT_OR_BOOL)
-    guided_json: Any = edn_field("vllm/guided-json", ONE_OF(STR, JSON))
+    guided_json: Edn = edn_field("vllm/guided-json", ONE_OF(STR, JSON))
     guided_regex: str | None = edn_field("vllm/guided-regex", STR)
     guided_choice: tuple[str, ...] | None = edn_field("vllm/guided-choice", MANY(STR))
 
@@ -86,11 +86,11 @@ class ChatRequest:
     model: str | None = edn_field("vllm/model", STR)
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
-    tools: Any = edn_field("vllm/tools", JSON)
-    tool_choice: Any = edn_field("vllm/tool-choice", JSON)
+    tools: Edn = edn_field("vllm/tools", JSON)
+    tool_choice: Edn = edn_field("vllm/tool-choice", JSON)
     base_url: str | None = edn_field("vllm/base-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "chat"
 
 
@@ -104,8 +104,8 @@ class CompletionRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "completion"
 
 
@@ -119,8 +119,8 @@ class GenerateRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "generate"
 
 
@@ -130,8 +130,8 @@ class EmbeddingRequest:
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     stream = None
     sampling = None
     endpoint = "embedding"
@@ -144,8 +144,8 @@ class TokenizeRequest:
     model: str | None = edn_field("vllm/model", STR)
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     stream = None
     sampling = None
     endpoint = "tokenize"
@@ -157,17 +157,20 @@ class DetokenizeRequest:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Any] = extras_field(ENGINE_NAMESPACES)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     stream = None
     sampling = None
     endpoint = "detokenize"
 
 
+TextRequest = Union[ChatRequest, CompletionRequest, GenerateRequest]
+"""The requests answered with generated text (a `Response`); the ones that can stream."""
 Request = Union[ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest,
                 DetokenizeRequest]
-REQUEST_CLASSES: dict[str, type] = {c.endpoint: c for c in (  # type: ignore[attr-defined]
-    ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)}
+TEXT_REQUESTS = (ChatRequest, CompletionRequest, GenerateRequest)
+REQUEST_TYPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)
+REQUEST_CLASSES: dict[str, type[Request]] = {c.endpoint: c for c in REQUEST_TYPES}
 
 
 # ------------------------------------------------------------------ responses
@@ -216,10 +219,11 @@ class Timings:
 class Choice:
     index: int = edn_field("vllm/index", INT, default=0)
     text: str | None = edn_field("vllm/text", STR)
-    finish_reason: str | None = edn_field("vllm/finish-reason", KW())
+    # the server's spelling ("tool_calls"); EDN :tool_calls, or a string when it is no keyword
+    finish_reason: str | None = edn_field("vllm/finish-reason", WORD)
     tool_calls: tuple[ToolCall, ...] | None = edn_field("vllm/tool-calls", MANY(NESTED(ToolCall)))
     reasoning: str | None = edn_field("vllm/reasoning-content", STR)
-    logprobs: Any = edn_field("vllm/logprobs", JSON)
+    logprobs: Edn = edn_field("vllm/logprobs", JSON)
 
 
 RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool")
@@ -239,10 +243,10 @@ class Response:
     endpoint: str | None = edn_field("vllm/endpoint", KW(*ENDPOINTS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     created: int | None = edn_field("vllm/created", INT)
     system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
-    extras: dict[str, Any] = extras_field(RESPONSE_EXTRA_NS)
+    extras: dict[str, Edn] = extras_field(RESPONSE_EXTRA_NS)
 
     @property
     def finish_reason(self) -> str | None:
@@ -252,13 +256,17 @@ class Response:
 @register
 @attrs.frozen
 class StreamDelta:
-    """`{:vllm/delta "He" :vllm/finish-reason nil}`: one increment of streamed text."""
+    """`{:vllm/delta "He" :vllm/finish-reason nil}`: one increment of streamed text.
 
-    delta: str = edn_field("vllm/delta", STR, default="")
-    finish_reason: str | None = edn_field("vllm/finish-reason", KW())
+    Both keys are always written, as the Clojure library writes them; a delta with no text
+    (the last one, carrying only the finish reason) is `:vllm/delta nil` in EDN and "" here.
+    """
+
+    delta: str = edn_field("vllm/delta", TEXT_OR_NIL, default="", always=True)
+    finish_reason: str | None = edn_field("vllm/finish-reason", WORD, always=True)
     index: int | None = edn_field("vllm/index", INT)
     reasoning: str | None = edn_field("vllm/reasoning-delta", STR)
-    tool_calls: Any = edn_field("vllm/tool-call-deltas", JSON)
+    tool_calls: Edn = edn_field("vllm/tool-call-deltas", JSON)
 
 
 @register
@@ -269,7 +277,7 @@ class EmbeddingResponse:
     usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
 
 
 @register
@@ -278,7 +286,7 @@ class TokenizeResponse:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
 
 
 @register
@@ -287,7 +295,7 @@ class DetokenizeResponse:
     text: str = edn_field("vllm/text", STR, default=REQUIRED)
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
-    request_id: Any = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
 
 
 @register
@@ -319,13 +327,18 @@ class Health:
 AnyResponse = Union[Response, EmbeddingResponse, TokenizeResponse, DetokenizeResponse]
 
 
-def to_edn(obj: Any) -> Any:
+T = TypeVar("T")
+
+
+def to_edn(obj: attrs.AttrsInstance) -> dict[Keyword, Edn]:
     """Typed value -> EDN data (a dict with Keyword keys)."""
-    return edn_converter.unstructure(obj)
+    out: dict[Keyword, Edn] = edn_converter.unstructure(obj)
+    return out
 
 
-def from_edn(m: Any, cls: type[Any]) -> Any:
-    """EDN data -> typed value; raises `StructureError` with located problems."""
+def from_edn(m: object, cls: type[T]) -> T:
+    """EDN data -> typed value; anything else, or EDN of the wrong shape, raises `StructureError`
+    with located problems."""
     return edn_converter.structure(m, cls)
 
 

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 import attrs
 
 from ._codec import describe, structure_located
-from ._edn import Form, Keyword, kw
+from ._edn import Edn, Form, Keyword, kw
 from ._model import ENDPOINTS, REQUEST_CLASSES, Request, to_edn
 from ._problems import Problem
 
@@ -40,8 +40,8 @@ def request_from_edn(m: Any, form: Form | None = None) -> tuple[Request | None, 
     return req, problems
 
 
-def request_to_edn(req: Request) -> dict[Keyword, Any]:
-    out = {K_ENDPOINT: kw(req.endpoint)}
+def request_to_edn(req: Request) -> dict[Keyword, Edn]:
+    out: dict[Keyword, Edn] = {K_ENDPOINT: kw(req.endpoint)}
     out.update(to_edn(req))
     return out
 

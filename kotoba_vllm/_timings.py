@@ -141,7 +141,7 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 90, 99)) -> 
     if not values:
         return {q: None for q in qs}
     xs = sorted(values)
-    out = {}
+    out: dict[float, float | None] = {}
     for q in qs:
         pos = (len(xs) - 1) * q / 100.0
         lo = int(pos)

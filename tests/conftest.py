@@ -44,3 +44,19 @@ def llama_server() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def llama_url(llama_server: object) -> str:
     return llama_server.base_url  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture(scope="session")
+def clojure() -> Iterator[object]:
+    """The real clojure.edn reader (Debian's clojure package), one JVM for the session.
+    Missing in CI (KOTOBA_VLLM_REQUIRE_LIVE=1) it fails the run; elsewhere the tier skips."""
+    from _clojure import Clojure, ClojureUnavailable
+
+    try:
+        probe = Clojure()
+    except ClojureUnavailable as e:
+        if REQUIRE_LIVE:
+            raise
+        pytest.skip(str(e))
+    yield probe
+    probe.close()

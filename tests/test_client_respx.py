@@ -117,7 +117,7 @@ def test_429_retry_after_seconds_is_admission_after_exactly_one_request(mode: st
             send(mode)
         assert route.call_count == 1
     e = ei.value
-    assert e.retry_after_s == 7.0 and e.status == 429 and e.reason == "rate-limited"
+    assert e.retry_after_s == 7.0 and e.status == 429 and e.reason == "rate_limited"  # as the server said
     assert e.endpoint == CHAT_URL and "too many requests" in (e.raw_body or "")
     edn = read_one(dumps(e.to_edn()))
     assert edn[kw("vllm/error")] == kw("admission-rejected") and edn[kw("vllm/retry-after-s")] == 7.0

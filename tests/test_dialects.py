@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from kotoba_vllm import AdmissionRejected, BadRequest, NotReady, ProtocolError, ServerFailure, get_dialect
-from kotoba_vllm._edn import kw, read_one
+from kotoba_vllm._edn import dumps, kw, read_one
 from kotoba_vllm._errors import KotobaError
-from kotoba_vllm._model import Response
+from kotoba_vllm._model import Response, to_edn
 from kotoba_vllm._requests import request_from_edn
 from kotoba_vllm._validate import validate
 from kotoba_vllm.dialects import DIALECTS, classify_error, parse_retry_after
@@ -216,7 +216,7 @@ def test_tool_call_response_parsed() -> None:
     r = get_dialect("vllm").parse(_chat_req(), obj)
     [t] = r.choices[0].tool_calls
     assert (t.id, t.name, t.arguments) == ("call_1", "get_weather", '{"city": "Kyoto"}')
-    assert r.finish_reason == "tool-calls"
+    assert r.finish_reason == "tool_calls"
 
 LLAMA_TIMINGS = {"cache_n": 3, "prompt_n": 5, "prompt_ms": 2.5, "prompt_per_token_ms": 0.5,
                  "prompt_per_second": 2000.0, "predicted_n": 4, "predicted_ms": 8.0,
@@ -337,6 +337,9 @@ def test_llamacpp_native_stream_final_chunk_carries_server_timings() -> None:
                                 "timings": LLAMA_TIMINGS}))
     deltas, dec = feed_all("llamacpp", as_endpoint("generate"), payloads)
     assert [d.delta for d in deltas] == ["He", "llo", ""] and deltas[-1].finish_reason == "length"
+    # the Clojure library's shape: the last delta has no text, so :vllm/delta is nil there
+    assert to_edn(deltas[-1]) == {kw("vllm/delta"): None, kw("vllm/finish-reason"): kw("length"), kw("vllm/index"): 0}
+    assert to_edn(deltas[0])[kw("vllm/finish-reason")] is None
     assert dec.done
     r = dec.response()
     assert r.text == "Hello" and r.usage.completion_tokens == 2
@@ -409,9 +412,16 @@ def test_vllm_validation_error_body() -> None:
 
 def test_429_reason_and_retry_after() -> None:
     e = _cls(429, {"error": {"message": "slow down", "type": "rate_limit_exceeded"}}, {"retry-after": "7"})
-    assert isinstance(e, AdmissionRejected) and e.retry_after_s == 7.0 and e.reason == "rate-limit-exceeded"
+    assert isinstance(e, AdmissionRejected) and e.retry_after_s == 7.0 and e.reason == "rate_limit_exceeded"
     edn = e.to_edn()
-    assert edn[kw("vllm/retry-after-s")] == 7.0 and edn[kw("vllm/reason")] == kw("rate-limit-exceeded")
+    assert edn[kw("vllm/retry-after-s")] == 7.0 and edn[kw("vllm/reason")] == kw("rate_limit_exceeded")
+
+
+@pytest.mark.parametrize("said", ["Too Many Requests", "1st_stop", "a:b"])
+def test_429_reason_that_is_no_keyword_stays_the_servers_string(said: str) -> None:
+    e = _cls(429, {"error": {"message": "slow down", "type": said}})
+    assert isinstance(e, AdmissionRejected) and e.reason == said
+    assert read_one(dumps(e.to_edn()))[kw("vllm/reason")] == said
 
 def test_non_json_5xx_body_kept() -> None:
     e = _cls(502, b"<html>Bad Gateway</html>")
@@ -471,3 +481,15 @@ def test_a_request_an_engine_accepts_renders_to_strict_json(m: Any, backend: str
     assert http.method in ("POST", "GET") and http.path.startswith("/")
     json.dumps(http.body, allow_nan=False)  # what goes on the wire is strict JSON
     assert http.stream == bool(req.stream)
+
+
+@pytest.mark.parametrize(("said", "edn"), [("stop", "stop"), ("tool_calls", "tool_calls"),
+                                          ("content_filter", "content_filter"), ("stop sequence", None),
+                                          ("1st_stop", None)])
+def test_finish_reason_keeps_the_servers_spelling(said: str, edn: str | None) -> None:
+    r = get_dialect("vllm").parse(_chat_req(), {"id": "x", "model": "m", "choices": [
+        {"index": 0, "finish_reason": said, "message": {"role": "assistant", "content": "hi"}}]})
+    assert r.finish_reason == said
+    written = dumps(to_edn(r))
+    back = read_one(written)[kw("vllm/choices")][0][kw("vllm/finish-reason")]
+    assert back == (kw(edn) if edn else said)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 import math
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from _strategies import edn_values
 from hypothesis import given, settings
 
-from kotoba_vllm._edn import EdnError, Keyword, Symbol, dumps, kw, pretty, read_all, read_file, read_one
+from kotoba_vllm._edn import (BigInt, Char, EdnError, Keyword, Symbol, dumps, keyword_or_string, kw, pretty, read_all,
+                              read_file, read_forms, read_one)
 from kotoba_vllm._requests import request_from_edn
 
 
@@ -76,7 +78,7 @@ def test_not_utf8_file_is_a_located_error(tmp_path: Path) -> None:
 
 def test_scalars_read_as_the_documented_python_types() -> None:
     v = read_one('[nil true false 42 -7 1.5 1e3 "s\\n\\u00e9" :k :ns/k sym \\a (1 2) #{1} {:m 1} 2N]')
-    assert v == [None, True, False, 42, -7, 1.5, 1000.0, "s\né", kw("k"), kw("ns/k"), Symbol("sym"), "a",
+    assert v == [None, True, False, 42, -7, 1.5, 1000.0, "s\né", kw("k"), kw("ns/k"), Symbol("sym"), Char("a"),
                  (1, 2), frozenset({1}), {kw("m"): 1}, 2]
     assert isinstance(v[8], Keyword) and kw("ns/k") is v[9]  # keywords are interned
 
@@ -132,3 +134,61 @@ def test_pretty_writer_round_trips(v: object) -> None:
 def test_many_forms_round_trip(a: object, b: object) -> None:
     got = read_all(dumps(a) + "\n" + pretty(b))
     assert len(got) == 2 and _same(got[0], a) and _same(got[1], b)
+
+
+# ------------------------------------------------------------------ what Clojure writes (issue 16)
+# The same forms are checked against the real Clojure reader in test_clojure_interop.py.
+
+
+def test_clojure_printed_request_with_namespaced_map_and_metadata_is_a_request() -> None:
+    text = ('^{:doc "from a REPL"}\n#:vllm{:endpoint :chat, :model "m",\n'
+            ' :messages [#:vllm{:role :user, :content "smile \\uD83D\\uDE00 \\101"}]}')
+    [form] = read_forms(text, "repl.edn")
+    req, problems = request_from_edn(form.value, form)
+    assert problems == [] and req is not None
+    assert req.messages[0].content == "smile \U0001F600 A"  # type: ignore[union-attr]
+    assert form.locate(form.value, kw("vllm/model")) == (2, 25)  # keys inside #:vllm{} keep their place
+
+
+@pytest.mark.parametrize(("text", "char"), [("\\o101", "A"), ("\\formfeed", "\f"), ("\\backspace", "\b"),
+                                            ("\\u00e9", "é"), ("\\newline", "\n"), ("\\(", "(")])
+def test_char_forms_read_as_clojure_reads_them(text: str, char: str) -> None:
+    v = read_one(text)
+    assert isinstance(v, Char) and v == Char(char) and v != char  # a char is never its one-char string
+    assert read_one(dumps(v)) == v
+
+
+@pytest.mark.parametrize("text", ["\\abc", "\\u00e9x", "\\uD83D", "\\o400", ":a:", "a/1", "#::{:a 1}",
+                                  "^:m 1", '"\\1x"', "#inst \"2026-11-30 12:00\""])
+def test_forms_clojure_refuses_are_refused_with_a_position(text: str) -> None:
+    with pytest.raises(EdnError) as ei:
+        read_all("\n  " + text, "x.edn")
+    assert (ei.value.source, ei.value.line) == ("x.edn", 2)
+
+
+def test_big_numbers_keep_their_kind() -> None:
+    n, d = read_all("7N 1.50M")
+    assert isinstance(n, BigInt) and n == 7 and dumps(n) == "7N"
+    assert d == Decimal("1.50") and dumps(d) == "1.50M"
+
+
+def test_writer_never_writes_what_it_cannot_read_back() -> None:
+    assert read_one(dumps(Char("\x0c"))) == Char("\x0c") and dumps(Char("\x0c")) == "\\formfeed"
+    assert read_one(dumps(Char("\x01"))) == Char("\x01")
+    for bad in (Keyword("stop sequence"), Keyword("1st_stop"), Symbol("a b"), Char("\U0001F600"),
+                Decimal("NaN")):
+        with pytest.raises(ValueError):
+            dumps(bad)
+    assert dumps(keyword_or_string("stop sequence")) == '"stop sequence"'
+    assert dumps(keyword_or_string("content_filter")) == ":content_filter"
+
+
+def test_streamed_forms_with_metadata_and_namespaced_maps_keep_their_positions() -> None:
+    from kotoba_vllm.batch import FormStream
+
+    text = ('^{:doc "a"} {:vllm/x 1}\n#:vllm{:y [2]}\n^:m [3]\r; cr-ended comment\r:after\n'
+            '#_ ^{:z 1} {:gone 0} {:last "\\uD83D\\uDE00"}')
+    for chunk in (3, 7, 1 << 20):
+        got = [(f.value, f.line, f.column) for f in FormStream(io.StringIO(text), "s.edn", chunk=chunk)]
+        assert got == [({kw("vllm/x"): 1}, 1, 1), ({kw("vllm/y"): [2]}, 2, 1), ([3], 3, 1),
+                       (kw("after"), 3, 28), ({kw("last"): "\U0001F600"}, 4, 22)], chunk

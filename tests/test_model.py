@@ -84,7 +84,9 @@ def test_timings_round_trip(t: Timings) -> None:
 
 
 def test_stream_delta_shape_is_the_design_shape() -> None:
-    assert to_edn(StreamDelta(delta="He")) == {kw("vllm/delta"): "He"}
+    # both keys always, as DESIGN §3 and the Clojure library write them; no text is nil
+    assert to_edn(StreamDelta(delta="He")) == {kw("vllm/delta"): "He", kw("vllm/finish-reason"): None}
+    assert to_edn(StreamDelta(finish_reason="stop")) == {kw("vllm/delta"): None, kw("vllm/finish-reason"): kw("stop")}
     assert from_edn({kw("vllm/delta"): "He", kw("vllm/finish-reason"): None}, StreamDelta) == StreamDelta(delta="He")
 
 

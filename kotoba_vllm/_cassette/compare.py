@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from ..cassettes import Cassette, sse_payloads
 
 # Values that legitimately change between two recordings of the same exchange.
@@ -37,7 +39,6 @@ def comparable(c: Cassette) -> Any:
     head = (c.method, c.path, c.status, c.headers.get("content-type"), c.request_body)
     if c.op == "probe":
         if c.path.endswith("/metrics"):
-            from prometheus_client.parser import text_string_to_metric_families
             return head, sorted(f.name for f in text_string_to_metric_families(c.raw.decode()))
         obj = json.loads(c.raw)
         keys = sorted(obj) if isinstance(obj, dict) else sorted({k for x in obj for k in x})

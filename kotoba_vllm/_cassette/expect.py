@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._edn import Keyword, kw
+from .._edn import Keyword, keyword_or_string, kw
+from ..cassettes import sse_payloads
 
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
 # Gauges the capacity probes read from each engine's /metrics: a re-recording without one fails.
@@ -22,17 +23,19 @@ RELIED_METRICS = {
 QUEUE_FULL = "queue is full"
 
 
-def _fr(v: Any) -> Keyword | None:
+def _fr(v: Any) -> Keyword | str | None:
+    """The server's spelling, a keyword when it can be one (as the SDK writes it)."""
     if isinstance(v, dict):
         v = v.get("type")
-    return kw(v.replace("_", "-")) if isinstance(v, str) and v else None
+    return keyword_or_string(v) if isinstance(v, str) and v else None
 
 
 def _err_obj(obj: Any) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         return None
-    if isinstance(obj.get("error"), dict):
-        return obj["error"]  # type: ignore[no-any-return]
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return err
     if isinstance(obj.get("error"), str):
         return {"message": obj["error"]}
     if obj.get("object") == "error":
@@ -91,7 +94,6 @@ def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> d
 
 
 def _payloads(raw: bytes) -> list[Any]:
-    from ..cassettes import sse_payloads
     out = []
     for p in sse_payloads(raw):
         if p.strip() == "[DONE]":

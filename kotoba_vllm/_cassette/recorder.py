@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 import attrs
 import httpx
 
 from .._edn import Keyword, kw
+from .._errors import ValidationError
 from .._requests import request_from_edn
-from ..cassettes import KEPT_HEADERS, Cassette
+from ..cassettes import KEPT_HEADERS, Cassette, write_cassette
 from ..dialects import get_dialect
+from ..local import LlamaServer, build_string
 from .expect import expect_for
 
 RECORD_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
@@ -131,7 +134,7 @@ def _wire(ex: Exchange, backend: str) -> tuple[str, str, bytes | None, str | Non
     assert ex.request is not None
     req, problems = request_from_edn(ex.request)
     if req is None:
-        raise ValueError(f"{ex.name}: {problems}")
+        raise ValidationError(problems)
     http = get_dialect(backend).render(req)
     body = None if http.body is None else json.dumps(http.body, ensure_ascii=False, separators=(",", ":")).encode()
     return http.method, http.path, body, req.endpoint
@@ -199,17 +202,15 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
 # The local server the llama.cpp set is recorded from: 2 slots of 512 tokens (so the overflow
 # prompt overflows), --metrics --slots (LlamaServer always passes them), embeddings by mean pooling
 # (the default pooling "none" is refused by /v1/embeddings).
-LOCAL_SERVER = {"n_ctx": 1024, "parallel": 2, "embeddings": True, "extra_args": ("--pooling", "mean")}
+def local_server() -> LlamaServer:
+    return LlamaServer(n_ctx=1024, parallel=2, embeddings=True, extra_args=("--pooling", "mean"))
 
 
 def record_local(out_dir: Any, log: Callable[[str], None] = lambda s: None) -> list[Any]:
     """Start a local llama-server, record the whole llama.cpp set into `out_dir`, stop it."""
-    from pathlib import Path
 
-    from ..cassettes import write_cassette
-    from ..local import LlamaServer, build_string
     out = Path(out_dir)
-    with LlamaServer(**LOCAL_SERVER) as srv:  # type: ignore[arg-type]
+    with local_server() as srv:
         cassettes = record(srv.base_url, "llamacpp", llamacpp_exchanges(embeddings=True), build=build_string(),
                            source="scripts/record-llamacpp: local llama-server, tiny random GGUF "
                                   f"(kotoba_vllm.local.tiny_model_path), n_ctx 1024, 2 slots, --metrics --slots, "

@@ -72,7 +72,8 @@ def _request_map(c: Cassette) -> dict[Any, Any]:
 def replay_sync(c: Cassette) -> Outcome:
     out = Outcome()
     router, route = _mock(c)
-    with router, Client(BASE_URL, backend=c.backend) as client:
+    # Our own httpx client, handed in: probe / raw ops go through the same (mocked) transport.
+    with router, httpx.Client() as http, Client(BASE_URL, backend=c.backend, http_client=http) as client:
         try:
             if c.op == "send":
                 req = _request_map(c)
@@ -89,7 +90,7 @@ def replay_sync(c: Cassette) -> Outcome:
             elif c.op == "health":
                 out.result = client.health()
             else:  # probe / raw: through the client's own transport, errors typed by the SDK
-                r = client._http.request(c.method, BASE_URL + c.path, content=c.request_body)
+                r = http.request(c.method, BASE_URL + c.path, content=c.request_body)
                 out.raw = r.content
                 if r.status_code >= 400:
                     raise classify_error(r.status_code, r.content, r.headers, BASE_URL + c.path)
@@ -103,7 +104,7 @@ async def replay_async(c: Cassette) -> Outcome:
     out = Outcome()
     router, route = _mock(c)
     with router:
-        async with AsyncClient(BASE_URL, backend=c.backend) as client:
+        async with httpx.AsyncClient() as http, AsyncClient(BASE_URL, backend=c.backend, http_client=http) as client:
             try:
                 if c.op == "send":
                     req = _request_map(c)
@@ -121,7 +122,7 @@ async def replay_async(c: Cassette) -> Outcome:
                 elif c.op == "health":
                     out.result = await client.health()
                 else:
-                    r = await client._http.request(c.method, BASE_URL + c.path, content=c.request_body)
+                    r = await http.request(c.method, BASE_URL + c.path, content=c.request_body)
                     out.raw = r.content
                     if r.status_code >= 400:
                         raise classify_error(r.status_code, r.content, r.headers, BASE_URL + c.path)

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._edn import kw, pretty
-from .._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, EmbeddingRequest,
-                      Figure, GenerateRequest, Message, Response, Sampling, StreamDelta, Timings, TokenizeRequest,
-                      ToolCall, Usage)
-from .._sampling import SAMPLING_TABLE
+from .._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, EmbeddingRequest, Figure,
+                      GenerateRequest, Message, Response, Sampling, StreamDelta, Timings, TokenizeRequest, ToolCall,
+                      Usage)
+from .._sampling import KNOBS_BY_ATTR, SAMPLING_TABLE
+from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
 from ..dialects import DIALECTS, Dialect
+from ..distributed._spec import KIND_TEXT, KOTODAMA_ALIASES, TABLES
+from ..pool import PoolConfig
 from . import _samples
 from ._observed import observe
 from ._typed import codec_shapes, kind_shapes
@@ -36,7 +39,6 @@ def shapes() -> dict[Any, Any]:
 
 
 def engine(d: Dialect) -> dict[Any, Any]:
-    from .._sampling import KNOBS_BY_ATTR
 
     return {
         kw("engine/name"): kw(d.name),
@@ -54,7 +56,6 @@ def engine(d: Dialect) -> dict[Any, Any]:
 
 
 def capacity() -> dict[Any, Any]:
-    from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
 
     out = codec_shapes((CapacityAnswer, Slots, Queue, Evidence, PoolCapacity))
     out[kw("shape/verdicts")] = [kw(v) for v in VERDICTS]
@@ -62,15 +63,13 @@ def capacity() -> dict[Any, Any]:
 
 
 def pool() -> dict[Any, Any]:
-    from ..pool import PoolConfig
 
     return codec_shapes((PoolConfig,))
 
 
 def distributed() -> dict[Any, Any]:
-    from ..distributed._spec import _KIND_TEXT, KOTODAMA_ALIASES, TABLES
 
-    out = kind_shapes(TABLES, _KIND_TEXT)
+    out = kind_shapes(TABLES, KIND_TEXT)
     out[kw("shape/kotodama-aliases")] = {kw(a): kw(c) for a, c in KOTODAMA_ALIASES.items()}
     out[kw("shape/Plan")] = observe(_samples.plan_samples())
     return out

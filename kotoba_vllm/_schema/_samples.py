@@ -11,10 +11,15 @@ from typing import Any
 import attrs
 
 from .._edn import kw
+from ..batch._runner import BatchSummary
+from ..bench.metrics import Rate, ServerRates
+from ..bench.report import summary_edn
+from ..bench.stats import Sample, summarize_group
+from ..cassettes import Cassette, load_cassettes
+from ..distributed import plan, spec_from_edn
 
 
 def plan_samples() -> list[dict[Any, Any]]:
-    from ..distributed import plan, spec_from_edn
 
     def spec(nodes: int, links: list[dict[Any, Any]], **top: Any) -> dict[Any, Any]:
         return {kw("dist/model"): {kw("model/id"): "m", kw("model/path"): "/m.gguf", kw("model/layers"): 32,
@@ -40,7 +45,6 @@ def plan_samples() -> list[dict[Any, Any]]:
 
 def cassette_samples() -> list[dict[Any, Any]]:
     """Every cassette in tests/cassettes read and written back, plus the base64 branches."""
-    from ..cassettes import Cassette, load_cassettes
 
     found = load_cassettes()
     out = [c.to_edn() for c in found]
@@ -54,7 +58,6 @@ def cassette_samples() -> list[dict[Any, Any]]:
 
 
 def batch_samples() -> list[dict[Any, Any]]:
-    from ..batch._runner import BatchSummary
 
     done = BatchSummary(sent=2, recorded=3, elapsed_s=1.5, output="out.edn")
     done.outcomes.update({"ok": 2, "validation": 1})
@@ -63,9 +66,6 @@ def batch_samples() -> list[dict[Any, Any]]:
 
 
 def bench_samples() -> list[dict[Any, Any]]:
-    from ..bench.metrics import Rate, ServerRates
-    from ..bench.report import summary_edn
-    from ..bench.stats import Sample, summarize_group
 
     ok = Sample(target="http://h:8080", concurrency=1, started=0.0, finished=1.0, answered_by="http://h:8080",
                 completion_tokens=8, prefill_tokens=4, prefill_ms=10.0, prefill_rate=400.0,

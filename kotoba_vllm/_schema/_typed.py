@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 
 import attrs
 
-from .._codec import _spec
+from .._codec import class_spec
 from .._edn import kw
 
 
@@ -18,7 +18,7 @@ def codec_shapes(classes: Iterable[type]) -> dict[Any, Any]:
     """`:shape/<Class>` -> its keys, each with the codec's type text and whether it is required."""
     out: dict[Any, Any] = {}
     for cls in classes:
-        spec = _spec(cls)
+        spec = class_spec(cls)
         fields: dict[Any, Any] = {}
         for name, key, codec in spec.fields:
             a = attrs.fields_dict(cls)[name]

@@ -12,30 +12,20 @@ from __future__ import annotations
 import re
 from typing import IO, Iterator
 
-from .._edn import EdnError, Form, _forms, _Reader
+from .._edn import WHITESPACE, EdnError, Form, read_forms
 
 CHUNK = 1 << 20
 
 # Only what changes bracket depth matters; an unfinished token at the buffer's end
 # (string, comment, `\x`) is matched by the short alternatives so we can read more.
-_SCAN = re.compile(r'"(?:[^"\\]|\\.)*"|(?P<open_str>")|;[^\n]*|\\.|(?P<open_char>\\$)|[\[({]|[\])}]', re.DOTALL)
-_FIRST = re.compile(r"(?:[\s,]+|;[^\n]*)*")
-
-
-class _ShiftedReader(_Reader):
-    """`_Reader` whose positions are those of the whole file, not the segment."""
-
-    def __init__(self, text: str, source: str, line: int, column: int) -> None:
-        super().__init__(text, source)
-        self.base_line, self.base_column = line, column
-
-    def where(self, pos: int) -> tuple[int, int]:
-        line, col = super().where(pos)
-        return line + self.base_line - 1, col + (self.base_column - 1 if line == 1 else 0)
+# Metadata (`^m form`, `#^m form`) needs one more form after a bracketed `m`: `meta` counts it.
+_SCAN = re.compile(r'"(?:[^"\\]|\\.)*"|(?P<open_str>")|;[^\n\r]*|\\.|(?P<open_char>\\$)|[\[({]|[\])}]'
+                   r'|(?P<meta>\^)', re.DOTALL)
+_FIRST = re.compile(f"(?:[{WHITESPACE}]+|;[^\n\r]*)*")
 
 
 def _read_segment(text: str, source: str, line: int, column: int) -> Iterator[Form]:
-    return _forms(_ShiftedReader(text, source, line, column))
+    return read_forms(text, source, line=line, column=column)
 
 
 class FormStream:
@@ -81,6 +71,7 @@ class FormStream:
 
     def _skip_blank(self) -> None:
         while True:
+            # union-attr: _FIRST matches the empty string, so match() never returns None.
             end = _FIRST.match(self.buf, self.off).end()  # type: ignore[union-attr]
             if end < len(self.buf):
                 self._advance(end)
@@ -95,12 +86,15 @@ class FormStream:
     def _cut(self, in_vector: bool) -> int:
         """Offset just past the form that starts at `off`, reading more as needed (buffer end at EOF).
         Inside the top-level vector, its closing `]` is left in place."""
-        depth, pos = 0, self.off
+        depth, pos, pending_meta = 0, self.off, 0
         while True:
             need_more = False
             for m in _SCAN.finditer(self.buf, pos):
                 g = m.group()
-                if m.lastgroup is not None or (g[0] == ";" and m.end() == len(self.buf)):
+                if m.lastgroup == "meta":
+                    pending_meta += depth == 0
+                    continue
+                if m.lastgroup is not None or (g[0] in ";\\" and m.end() == len(self.buf)):
                     if not self.eof:  # unfinished token at the buffer's end
                         pos, need_more = m.start(), True
                         break
@@ -114,7 +108,9 @@ class FormStream:
                     depth -= 1
                     if depth < 0 and in_vector:
                         return m.start()
-                    if depth <= 0:
+                    if depth == 0 and pending_meta:  # that was metadata; its target follows
+                        pending_meta -= 1
+                    elif depth <= 0:
                         return m.end()
             else:
                 pos, need_more = len(self.buf), True
@@ -125,7 +121,7 @@ class FormStream:
                     return len(self.buf)
                 pos += self.off
 
-    def __iter__(self) -> Iterator[Form | EdnError]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Form | EdnError]:
         self._more()
         self._skip_blank()
         in_vector = False

@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import sys
-from typing import IO, Any, Iterator
+from typing import IO, Iterator
 
-import attrs
-
-from .._edn import EdnError, kw
-from .._model import Request
+from .._edn import EdnError
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
 from .._validate import request_problems
 from ._edn_stream import FormStream
+from ._entry import BatchEntry
+from ._jsonl import iter_jsonl_entries
 
-
-@attrs.frozen
-class BatchEntry:
-    """One request of a batch: typed when it could be read, with its problems either way.
-
-    `index` is the position in the input (0-based); `custom_id` is the JSONL line's id.
-    """
-
-    index: int
-    where: str
-    request: Request | None
-    problems: tuple[Problem, ...] = ()
-    custom_id: str | None = None
-
-    @property
-    def sendable(self) -> bool:
-        return self.request is not None and not any(p.is_error for p in self.problems)
-
-    @property
-    def request_id(self) -> Any:
-        return self.request.request_id if self.request is not None else None
+__all__ = ["BatchEntry", "detect_format", "iter_edn_entries", "iter_entries"]
 
 
 def detect_format(path: str, fmt: str | None = None) -> str:
@@ -70,7 +49,6 @@ def iter_entries(path: str, fmt: str | None = None) -> Iterator[BatchEntry]:
     fh = _open(path)
     try:
         if fmt == "jsonl":
-            from ._jsonl import iter_jsonl_entries
             yield from iter_jsonl_entries(fh, source)
         else:
             try:
@@ -81,5 +59,3 @@ def iter_entries(path: str, fmt: str | None = None) -> Iterator[BatchEntry]:
         if fh is not sys.stdin:
             fh.close()
 
-
-K_INDEX = kw("vllm/request-index")

@@ -21,6 +21,8 @@ import time
 import uuid
 from typing import IO, Any, Iterator
 
+import attrs
+
 from .._codec import edn_to_json
 from .._edn import Keyword, kw
 from .._errors import KotobaError, ServerError
@@ -28,7 +30,7 @@ from .._model import EmbeddingResponse, Response, to_edn
 from .._problems import Problem
 from .._requests import request_from_edn
 from .._sampling import SAMPLING_TABLE
-from ._entries import BatchEntry
+from ._entry import BatchEntry
 
 URL_ENDPOINTS: dict[str, str] = {
     "/v1/chat/completions": "chat",
@@ -179,7 +181,6 @@ def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry
 
 
 def attrs_where(p: Problem, where: str) -> Problem:
-    import attrs
     return p if p.where else attrs.evolve(p, where=where)
 
 

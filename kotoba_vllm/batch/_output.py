@@ -11,11 +11,13 @@ appends in order; when nothing is left waiting the journal is removed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import IO, Any, Iterable
 
 from .._edn import EdnError, dumps, kw, pretty
 from ._edn_stream import FormStream
+from ._jsonl import line_index
 
 K_INDEX = kw("vllm/request-index")
 K_ERROR = kw("vllm/error")
@@ -39,7 +41,6 @@ def _edn_outcome(rec: dict[Any, Any]) -> str:
 
 
 def _jsonl_outcome(line: str) -> str:
-    import json
     try:
         err = json.loads(line).get("error")
     except ValueError:
@@ -53,7 +54,6 @@ def _read_records(path: str, fmt: str) -> tuple[list[tuple[int, str, str]], bool
     out: list[tuple[int, str, str]] = []
     bad = False
     if fmt == "jsonl":
-        from ._jsonl import line_index
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if not line.strip():
@@ -70,8 +70,9 @@ def _read_records(path: str, fmt: str) -> tuple[list[tuple[int, str, str]], bool
                 bad = True
                 continue
             v = f.value
-            if isinstance(v, dict) and isinstance(v.get(K_INDEX), int):
-                out.append((v[K_INDEX], dumps(v), _edn_outcome(v)))
+            index = v.get(K_INDEX) if isinstance(v, dict) else None
+            if isinstance(index, int) and isinstance(v, dict):
+                out.append((index, dumps(v), _edn_outcome(v)))
     return out, bad
 
 

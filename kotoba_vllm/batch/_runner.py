@@ -18,10 +18,11 @@ from typing import Any, Awaitable, Callable, Iterable
 import attrs
 
 from .._edn import EdnError, Keyword, kw
-from .._errors import KotobaError, ValidationError
+from .._errors import ConfigError, KotobaError, ValidationError
 from .._model import to_edn
 from .._requests import request_to_edn
 from ._entries import BatchEntry
+from ._jsonl import output_line
 from ._output import ExistingOutput, OrderedSink, render_edn
 
 K_INDEX = kw("vllm/request-index")
@@ -96,7 +97,6 @@ class Recorder:
     def invalid(self, e: BatchEntry) -> list[str]:
         errors = tuple(p for p in e.problems if p.is_error)
         if self.fmt == "jsonl":
-            from ._jsonl import output_line
             return [output_line(e, problems=errors)]
         rec = self._head(e)
         rec.update({kw("vllm/error"): kw("validation"), kw("vllm/where"): e.where,
@@ -105,7 +105,6 @@ class Recorder:
 
     def failed(self, e: BatchEntry, err: KotobaError) -> list[str]:
         if self.fmt == "jsonl":
-            from ._jsonl import output_line
             return [output_line(e, error=err)]
         rec = self._head(e)
         rec.update(err.to_edn())
@@ -115,7 +114,6 @@ class Recorder:
 
     def ok(self, e: BatchEntry, resp: Any, deltas: list[Any]) -> list[str]:
         if self.fmt == "jsonl":
-            from ._jsonl import output_line
             return [output_line(e, result=resp)]
         rec = self._head(e)
         rec.update(to_edn(resp))
@@ -130,7 +128,7 @@ class BatchRunner:
                  window: int | None = None, existing: ExistingOutput | None = None,
                  progress: Any = None) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+            raise ConfigError("concurrency must be >= 1")
         self.send, self.sink, self.recorder = send, sink, recorder
         self.concurrency = concurrency
         # Out-of-order results wait in memory; cap how far ahead of the oldest unwritten we go.
@@ -151,6 +149,11 @@ class BatchRunner:
         if self._stops >= 2:
             for t in list(self._tasks):
                 t.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        """`stop()` was called: nothing new is sent."""
+        return self._stops > 0
 
     @property
     def in_flight(self) -> int:

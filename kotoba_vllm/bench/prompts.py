@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from .._edn import Form, read_file
+from .._errors import PromptError
 from .._model import ChatRequest, CompletionRequest, GenerateRequest, Message, Sampling
 from .._requests import request_from_edn
 
@@ -15,10 +16,6 @@ BenchRequest = ChatRequest | CompletionRequest | GenerateRequest
 # Varied words so a long prompt is not one repeated token (which some engines compress or cache).
 _WORDS = ("river stone lantern orchard copper meadow harbor thistle glacier saffron "
           "cobalt willow ember falcon quarry juniper marble tundra velvet canyon").split()
-
-
-class PromptError(ValueError):
-    pass
 
 
 def chat(text: str) -> ChatRequest:
@@ -36,7 +33,7 @@ def load_prompts(path: str) -> list[BenchRequest]:
     items: list[Form] = []
     for f in forms:
         if isinstance(f.value, (list, tuple)) and len(forms) == 1:
-            items.extend(Form(v, f.source, f.line, f.column, 0, f._reader) for v in f.value)
+            items.extend(f.nested(v) for v in f.value)
         else:
             items.append(f)
     out: list[BenchRequest] = []
@@ -78,7 +75,7 @@ def prepared(req: BenchRequest, *, base_url: str | None, max_tokens: int | None,
     if sampling.max_tokens is None and max_tokens is not None:
         sampling = attrs.evolve(sampling, max_tokens=max_tokens)
     changes: dict[str, Any] = {"stream": True, "base_url": base_url, "sampling": sampling}
-    if model is not None and req.model is None:
+    if model is not None:  # the flag names what this run sends, over the file's own
         changes["model"] = model
     out = attrs.evolve(req, **changes)
     return with_nonce(out, nonce) if nonce else out

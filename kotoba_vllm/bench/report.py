@@ -5,12 +5,12 @@ endpoints. `completion_tokens / wall_clock` appears only beside the separated ra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .._edn import kw
 from .metrics import Rate, ServerRates
 from .runner import BenchReport
-from .stats import Dist, Misleading, Pooled, Summary
+from .stats import Dist, Misleading, Pooled, Sample, Summary
 
 MISLEADING_NOTE = ("completion_tokens / wall_clock: prefill, queueing and network sit inside the wall clock; "
                    "not a decode rate")
@@ -173,13 +173,14 @@ def render_table(report: BenchReport) -> str:
 def plot(report: BenchReport, path: str) -> None:
     """Latency distributions per endpoint (and concurrency), and the separated rates beside the
     misleading one. The Agg backend: no display needed."""
-    import matplotlib
+    import matplotlib  # optional (plot/bench extra) and slow to import: only when plotting
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by = [(f"{s.endpoint}\nc={s.concurrency}", s) for s in report.summaries]
     fig, axes = plt.subplots(2, 2, figsize=(max(8, 3.2 * len(by) + 4), 8))
-    series = [("TTFT (ms)", lambda s: [x.ttft_ms for x in _ok(report, s)]),
+    series: list[tuple[str, Callable[[Summary], list[float | None]]]] = [
+              ("TTFT (ms)", lambda s: [x.ttft_ms for x in _ok(report, s)]),
               ("end-to-end (ms)", lambda s: [x.e2e_ms for x in _ok(report, s)]),
               ("inter-token gap (ms)", lambda s: [g for x in _ok(report, s) for g in x.gaps_ms])]
     for ax, (title, get) in zip(axes.flat, series):
@@ -226,6 +227,6 @@ def plot(report: BenchReport, path: str) -> None:
     plt.close(fig)
 
 
-def _ok(report: BenchReport, s: Summary) -> list[Any]:
+def _ok(report: BenchReport, s: Summary) -> list[Sample]:
     return [x for x in report.samples if x.ok and x.concurrency == s.concurrency and x.target == s.target
             and (x.answered_by or x.target) == s.endpoint]

@@ -19,6 +19,8 @@ from tqdm import tqdm
 
 from .._client import AsyncClient
 from .._errors import KotobaError
+from .._model import TokenizeRequest
+from ..pool import AsyncPool
 from .metrics import ServerRates, parse_counters, server_rates, unavailable
 from .prompts import BenchRequest, chat, long_text, prepared
 from .stats import Sample, Summary, differing_endpoints, sample_from_error, sample_from_response, summarize
@@ -108,13 +110,11 @@ async def long_prompt(client: AsyncClient, base: str, tokens: int) -> BenchReque
     return chat(long_text(words))
 
 
-def _tokenize(base: str, text: str) -> Any:
-    from .._model import TokenizeRequest
+def _tokenize(base: str, text: str) -> TokenizeRequest:
     return TokenizeRequest(text=text, base_url=base)
 
 
 async def run_async(config: BenchConfig, *, progress: bool = True) -> BenchReport:
-    from ..pool import AsyncPool
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     samples: list[Sample] = []
     server: dict[tuple[str, str, int], ServerRates] = {}

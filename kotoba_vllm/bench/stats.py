@@ -200,7 +200,7 @@ def wall_clock(samples: Sequence[Sample]) -> float | None:
 def summarize_group(endpoint: str, target: str, concurrency: int, samples: Sequence[Sample],
                     wall_s: float | None = None) -> Summary:
     ok = [s for s in samples if s.ok]
-    errs = Counter(s.error_kind for s in samples if not s.ok)
+    errs = Counter(s.error_kind or "unknown" for s in samples if not s.ok)
     admission = errs.pop("admission-rejected", 0)
     wall = wall_s if wall_s is not None else wall_clock(samples)
     # A request without a count would silently shrink the sum: then there is no quotient at all.
@@ -230,7 +230,7 @@ def summarize(samples: Sequence[Sample]) -> list[Summary]:
     for s in samples:
         groups.setdefault((s.target, s.answered_by or s.target, s.concurrency), []).append(s)
     # The wall clock belongs to the whole target run at that level, not to one answering member.
-    walls = {}
+    walls: dict[tuple[str, int], list[Sample]] = {}
     for s in samples:
         walls.setdefault((s.target, s.concurrency), []).append(s)
     order = {t: i for i, t in enumerate(dict.fromkeys(s.target for s in samples))}  # targets as given

@@ -4,9 +4,10 @@ Pure core: `_parse` (bytes -> numbers), `_verdict` (numbers -> answers, merge, d
 admit). Shells: `_probe` (sync threads / async gather, short timeouts).
 """
 
+from .._errors import Unparsable
 from ._answer import (ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, VERDICTS, CapacityAnswer, Evidence, PoolCapacity,
                       Queue, Slots)
-from ._parse import Fetched, Unparsable, metric_sums
+from ._parse import Fetched, metric_sums
 from ._probe import (PROBE_TIMEOUT, aprobe_capacity, aprobe_endpoints, aprobe_pool, probe_capacity, probe_endpoints,
                      probe_pool)
 from ._verdict import (PROBE_PATHS, Admission, admit, capacity_answer, demote_busy_endpoints, merge_pool_capacity,

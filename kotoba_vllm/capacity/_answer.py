@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from .._codec import BOOL, INT, KW, MANY, NESTED, NUM, STR, register
+from .._edn import Edn, Keyword
 from .._model import BACKENDS, from_edn, to_edn
 
 SLOT_AVAILABLE = "slot-available"
@@ -94,12 +95,12 @@ class CapacityAnswer:
     def available(self) -> bool:
         return self.verdict == SLOT_AVAILABLE
 
-    def to_edn(self) -> dict[Any, Any]:
-        return to_edn(self)  # type: ignore[no-any-return]
+    def to_edn(self) -> dict[Keyword, Edn]:
+        return to_edn(self)
 
     @classmethod
-    def from_edn(cls, m: Any) -> "CapacityAnswer":
-        return from_edn(m, cls)  # type: ignore[no-any-return]
+    def from_edn(cls, m: Edn) -> "CapacityAnswer":
+        return from_edn(m, cls)
 
 
 @register
@@ -120,12 +121,12 @@ class PoolCapacity:
     unmeasured: int = attrs.field(metadata={"edn": "capacity/unmeasured", "codec": INT})
     at: str | None = attrs.field(default=None, metadata={"edn": "capacity/at", "codec": STR})
 
-    def to_edn(self) -> dict[Any, Any]:
-        return to_edn(self)  # type: ignore[no-any-return]
+    def to_edn(self) -> dict[Keyword, Edn]:
+        return to_edn(self)
 
     @classmethod
-    def from_edn(cls, m: Any) -> "PoolCapacity":
-        return from_edn(m, cls)  # type: ignore[no-any-return]
+    def from_edn(cls, m: Edn) -> "PoolCapacity":
+        return from_edn(m, cls)
 
     def answer_for(self, endpoint: str) -> CapacityAnswer | None:
         return next((a for a in self.members if a.endpoint == endpoint), None)

@@ -12,13 +12,9 @@ from typing import Any, Iterable
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
-from .._errors import redact
+from .._errors import Unparsable, redact
 
 _SNIPPET = 160
-
-
-class Unparsable(ValueError):
-    """The probe answered, but not with something we can read as capacity."""
 
 
 @attrs.frozen

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import httpx
 
 from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend, server_root
+from .._errors import ConfigError
 from .._model import BACKENDS
 from ..dialects._http import decode_json
 from ._answer import CapacityAnswer, PoolCapacity
@@ -65,7 +66,7 @@ def detect_from(got: Sequence[Fetched]) -> tuple[str | None, str | None]:
 
 def _check_backend(backend: str) -> None:
     if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+        raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
 
 
 def _plan(endpoints: Sequence[str], backends: Sequence[str]) -> list[Job]:
@@ -88,7 +89,7 @@ def _normalise(endpoints: Sequence[str], backend: str | Sequence[str]) -> tuple[
     eps = [server_root(e) for e in endpoints]  # an OpenAI-style ".../v1" is the same server
     bs = [backend] * len(eps) if isinstance(backend, str) else list(backend)
     if len(bs) != len(eps):
-        raise ValueError("one backend per endpoint")
+        raise ConfigError("one backend per endpoint")
     for b in bs:
         _check_backend(b)
     return eps, bs
@@ -146,11 +147,13 @@ def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "au
 
 def probe_capacity(endpoint: str, backend: str = "auto", **kwargs: object) -> CapacityAnswer:
     """One endpoint's capacity answer (never raises for an unreachable server)."""
+    # arg-type: kwargs are probe_endpoints' keyword arguments, passed through unchanged.
     return probe_endpoints([endpoint], backend, **kwargs)[0]  # type: ignore[arg-type]
 
 
 def probe_pool(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", **kwargs: object) -> PoolCapacity:
     """merge-pool-capacity over a live pool: every member asked, concurrently."""
+    # arg-type: kwargs are probe_endpoints' keyword arguments, passed through unchanged.
     return merge_pool_capacity(probe_endpoints(endpoints, backend, **kwargs), at=now_iso())  # type: ignore[arg-type]
 
 
@@ -211,9 +214,11 @@ async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str
 
 
 async def aprobe_capacity(endpoint: str, backend: str = "auto", **kwargs: object) -> CapacityAnswer:
+    # arg-type: kwargs are aprobe_endpoints' keyword arguments, passed through unchanged.
     return (await aprobe_endpoints([endpoint], backend, **kwargs))[0]  # type: ignore[arg-type]
 
 
 async def aprobe_pool(endpoints: Sequence[str], backend: str | Sequence[str] = "auto",
                       **kwargs: object) -> PoolCapacity:
+    # arg-type: kwargs are aprobe_endpoints' keyword arguments, passed through unchanged.
     return merge_pool_capacity(await aprobe_endpoints(endpoints, backend, **kwargs), at=now_iso())  # type: ignore[arg-type]

@@ -16,9 +16,10 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
+from .._errors import Unparsable
 from ._answer import (ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, CapacityAnswer, Evidence, PoolCapacity, Queue,
                       Slots)
-from ._parse import (Fetched, MetricSum, Unparsable, failure, llamacpp_slots, llamacpp_total_slots, prometheus,
+from ._parse import (Fetched, MetricSum, failure, llamacpp_slots, llamacpp_total_slots, prometheus,
                      sglang_max_running, vllm_load)
 
 # Which paths each engine's probe asks, all at once. Table as data: adding an engine is a

@@ -7,10 +7,11 @@ from typing import Any, Iterator, TextIO
 
 import attrs
 
-from .._edn import EdnError, Form, dumps, kw, pretty, read_file
+from .._edn import EdnError, Form, dumps, kw, pretty
 from .._model import Request
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
+from ..batch import FormStream
 
 
 @attrs.frozen
@@ -33,18 +34,31 @@ def expand_forms(forms: list[Form]) -> Iterator[Form]:
     for f in forms:
         if isinstance(f.value, list) and len(forms) == 1:
             for v in f.value:
-                yield Form(v, f.source, f.line, f.column, 0, f._reader)
+                yield f.nested(v)
         else:
             yield f
 
 
+def iter_request_entries(path: str) -> Iterator[Entry]:
+    """Each request of an EDN file ('-' is stdin), read one form at a time: memory stays flat
+    however long the file. Raises `EdnError` (file:line:column) where the text stops being EDN."""
+    source = "<stdin>" if path == "-" else path
+    fh = sys.stdin if path == "-" else open(path, encoding="utf-8", errors="strict", newline="")
+    try:
+        for i, f in enumerate(FormStream(fh, source)):
+            assert isinstance(f, Form)  # without recover=True the stream raises instead
+            req, problems = request_from_edn(f.value, f)
+            yield Entry(i, f.where, req, tuple(problems), f)
+    except UnicodeDecodeError as e:
+        raise EdnError(f"not UTF-8 text ({e.reason})", source, 1, 1) from None
+    finally:
+        if fh is not sys.stdin:
+            fh.close()
+
+
 def load_entries(path: str) -> list[Entry]:
     """Raises `EdnError` (with file:line:column) when the file is not readable EDN."""
-    out = []
-    for i, f in enumerate(expand_forms(read_file(path))):
-        req, problems = request_from_edn(f.value, f)
-        out.append(Entry(i, f.where, req, tuple(problems), f))
-    return out
+    return list(iter_request_entries(path))
 
 
 def emit(value: Any, out: TextIO | None = None, *, pretty_print: bool = False) -> None:

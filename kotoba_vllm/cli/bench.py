@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from .._edn import EdnError, pretty
-from ..bench.prompts import PromptError, chat, load_prompts
+from .._errors import PromptError
+from ..bench.prompts import chat, load_prompts
 from ..bench.report import plot, render_table, to_edn
 from ..bench.runner import BenchConfig, PoolTarget, build_prompts, run as run_bench
 from ..dialects import DIALECTS

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import httpx
 
+from .._base_client import API_KEY_ENV, USER_AGENT
 from .._edn import EdnError
+from .._errors import register_secret
 from .._model import BACKENDS
 from ..capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, merge_pool_capacity, probe_endpoints
 from ..capacity._probe import PROBE_TIMEOUT, now_iso
+from ..pool import load_pool_config
 from ._common import emit
 
 HELP = ("Ask every server's capacity at once (llama.cpp slots, vLLM/SGLang running and waiting) and print each "
@@ -32,10 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
 
-    from .._base_client import API_KEY_ENV, USER_AGENT
-    from ..pool import load_pool_config
 
     urls = list(args.urls)
     backend = args.backend
@@ -57,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
     key = args.api_key or os.environ.get(API_KEY_ENV)
     if key:
         headers["authorization"] = f"Bearer {key}"
-        from .._errors import register_secret
         register_secret(key)  # never echoed into a :capacity/reason
     answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout)
     for a in answers:

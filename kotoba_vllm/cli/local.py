@@ -11,6 +11,7 @@ from types import FrameType
 from typing import Any
 
 from kotoba_vllm._edn import dumps, kw
+from kotoba_vllm.local import LlamaServer, LocalServerError, build_string
 
 HELP = "start a local llama-server (default: a tiny random model) and print its base URL as EDN"
 
@@ -38,7 +39,6 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kotoba_vllm.local import LlamaServer, LocalServerError, build_string
 
     server = LlamaServer(args.model, n_ctx=args.ctx, parallel=args.parallel,
                          embeddings=args.embeddings, port=args.port or None,

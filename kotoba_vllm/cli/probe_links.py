@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from .._edn import dumps, kw, pretty, read_file
-from ..distributed import _probe
+from ..distributed._probe import listen, observation, receive_one, send
 from ..distributed._spec import link_to_edn
 
 HELP = "measure a link with a receiver-verified transfer and record it (optionally into a spec)"
@@ -30,22 +30,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.listen is not None:
-        with _probe.listen(args.listen) as s:
+        with listen(args.listen) as s:
             print(f"listening on {args.listen}", file=sys.stderr, flush=True)
             for _ in range(args.count):
-                expected, counted, timed, ns = _probe.receive_one(s, args.timeout)
-                print(dumps(link_to_edn(_probe.observation("sender", "receiver", expected, counted, ns,
+                expected, counted, timed, ns = receive_one(s, args.timeout)
+                print(dumps(link_to_edn(observation("sender", "receiver", expected, counted, ns,
                                                            timed=timed))), flush=True)
         return 0
     host, _, port = args.send.rpartition(":")
     frm, to = (args.boundary.split(":", 1) if args.boundary else ("sender", "receiver"))
-    obs = _probe.send(host, int(port), args.bytes, frm, to, args.timeout)
+    obs = send(host, int(port), args.bytes, frm, to, args.timeout)
     edn = link_to_edn(obs)
     if not args.spec:
         print(dumps(edn))
         return 0 if obs.failure is None else 1
     spec = read_file(args.spec)[0].value
-    spec.setdefault(kw("dist/links"), []).append(edn)
+    links = spec.setdefault(kw("dist/links"), []) if isinstance(spec, dict) else None
+    if not isinstance(links, list):
+        print(f"error: {args.spec}: expected a spec map whose :dist/links is a vector", file=sys.stderr)
+        return 2
+    links.append(edn)
     text = pretty(spec) + "\n"
     if args.in_place:
         with open(args.spec, "w", encoding="utf-8") as fh:

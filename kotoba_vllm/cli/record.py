@@ -6,6 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import httpx
+
+from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record
+from ..cassettes import write_cassette
+from ..local import build_string
+
 HELP = "record contract-test cassettes from a live server (one EDN file per exchange)"
 
 
@@ -22,11 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record
-    from ..cassettes import write_cassette
     build = args.build
     if build is None and args.engine == "llamacpp":
-        from ..local import build_string
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
     if args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
@@ -39,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
         cassettes = record(args.base_url, args.engine, exchanges, build=build, source=args.source,
                            log=lambda s: print(s, file=sys.stderr))
     except Exception as e:  # noqa: BLE001 - the CLI reports, it does not trace
-        import httpx
         if isinstance(e, httpx.HTTPError):
             print(f"error: {args.base_url}: {e}", file=sys.stderr)
             return 1

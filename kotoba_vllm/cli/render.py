@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from .._edn import EdnError, kw
 from .._validate import validate
-from ..dialects import DIALECTS, get_dialect
-from ._common import emit, load_entries, problem_record
+from ..dialects import DIALECTS, Dialect, get_dialect
+from ._common import Entry, emit, iter_request_entries, problem_record
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 HELP = "Print the HTTP request each engine would receive for every request in FILE (nothing is sent)."
 
 
@@ -23,33 +25,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    entries = []
+    dialect = get_dialect(args.backend)
+    status = 0
     for path in args.files:
         try:
-            entries.extend(load_entries(path))
+            for entry in iter_request_entries(path):  # streamed: each request is printed as it is read
+                status |= _render(entry, dialect, args)
         except (EdnError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    dialect = get_dialect(args.backend)
-    status = 0
-    for entry in entries:
-        problems = list(entry.problems)
-        if entry.request is not None:
-            problems += entry.located(validate(entry.request, args.backend))
-        errors = [p for p in problems if p.is_error]
-        if errors or entry.request is None:
-            status = 1
-            rec = problem_record(entry, errors)
-            rec[kw("vllm/backend")] = kw(args.backend)
-            if args.format == "json":
-                print(json.dumps({"error": "validation", "index": entry.index, "where": entry.where,
-                                  "problems": [str(p) for p in errors]}))
-            else:
-                emit(rec)
-            continue
-        http = dialect.render(entry.request)
-        if args.format == "json":
-            print(json.dumps(http.to_json_obj(), ensure_ascii=False))
-        else:
-            emit(http.to_edn())
     return status
+
+
+def _render(entry: Entry, dialect: Dialect, args: argparse.Namespace) -> int:
+    problems = list(entry.problems)
+    if entry.request is not None:
+        problems += entry.located(validate(entry.request, args.backend))
+    errors = [p for p in problems if p.is_error]
+    if errors or entry.request is None:
+        rec = problem_record(entry, errors)
+        rec[kw("vllm/backend")] = kw(args.backend)
+        if args.format == "json":
+            print(json.dumps({"error": "validation", "index": entry.index, "where": entry.where,
+                              "problems": [str(p) for p in errors]}))
+        else:
+            emit(rec)
+        return 1
+    http = dialect.render(entry.request)
+    if args.format == "json":
+        text = json.dumps(http.to_json_obj(), ensure_ascii=False)
+        if _LONE_SURROGATE.search(text):  # "\ud83d" alone has no UTF-8 form: keep JSON's escape
+            text = json.dumps(http.to_json_obj())
+        print(text)
+    else:
+        emit(http.to_edn())
+    return 0

@@ -16,13 +16,17 @@ import signal
 import sys
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
 from .._base_client import API_KEY_ENV, BASE_URL_ENV
 from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
-from .._model import StreamDelta, to_edn
-from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder,
-                     detect_format, iter_entries, journal_path, load_existing)
+from .._model import TEXT_REQUESTS, StreamDelta, to_edn
+from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder, detect_format,
+                     iter_entries, journal_path, load_existing)
 from ..dialects import DIALECTS
+from ..local import LlamaServer, LocalServerError
+from ..pool import AsyncPool, load_pool_config
 
 HELP = "Send every request in an EDN or batch-JSONL file, N at a time; one result per request, in order."
 
@@ -66,17 +70,17 @@ class _LocalOnDemand:
         self.server: Any = None
         self._lock = asyncio.Lock()
 
-    async def ensure(self, client: AsyncClient) -> None:
+    async def ensure(self, client: AsyncClient | AsyncPool) -> None:
         async with self._lock:
             if self.server is not None:
                 return
-            from ..local import LlamaServer, LocalServerError
             try:
                 self.server = await asyncio.to_thread(lambda: LlamaServer(self.model, n_ctx=2048).start())
             except LocalServerError as e:
                 print(f"error: could not start a local llama-server: {e}", file=sys.stderr)
                 raise SystemExit(3) from None
-            client.base_url = self.server.base_url
+            if isinstance(client, AsyncClient):  # no URL was given, so there is no pool
+                client.base_url = self.server.base_url
             print(f";; local llama-server at {self.server.base_url}", file=sys.stderr)
 
     def stop(self) -> None:
@@ -84,16 +88,11 @@ class _LocalOnDemand:
             self.server.stop()
 
 
-def _make_client(args: argparse.Namespace, urls: list[str]) -> Any:
+def _make_client(args: argparse.Namespace, urls: list[str]) -> AsyncClient | AsyncPool:
     """One AsyncClient, or an AsyncPool (early admission over every member) when several
     URLs or a pool file are given; both have the same send/stream."""
     kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout}
     if len(urls) > 1 or args.pool:
-        try:
-            from ..pool import AsyncPool, load_pool_config
-        except ImportError:  # pragma: no cover - pool not built in this tree
-            print("error: several --base-url or --pool need kotoba_vllm.pool", file=sys.stderr)
-            raise SystemExit(2) from None
         if args.pool:
             try:
                 config = load_pool_config(args.pool)
@@ -168,7 +167,6 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     client = _make_client(backend_args, urls)
     progress = None
     if not args.no_progress:
-        from tqdm import tqdm
         progress = tqdm(unit="req", desc="batch", file=sys.stderr, disable=None, mininterval=0.5,
                         initial=len(existing.done))
 
@@ -177,7 +175,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         assert req is not None
         if local is not None and req.base_url is None:
             await local.ensure(client)
-        if (args.stream or req.stream) and out_fmt == "edn":
+        if (args.stream or req.stream) and out_fmt == "edn" and isinstance(req, TEXT_REQUESTS):
             s = await client.stream(req, timeout=args.timeout)
             deltas: list[StreamDelta] = []
             async for d in s:
@@ -197,7 +195,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     loop = asyncio.get_running_loop()
 
     def on_signal(signame: str) -> None:
-        if runner._stops == 0:
+        if not runner.stopping:
             print(f"\n;; {signame}: sending nothing new; waiting for {runner.in_flight} in flight "
                   f"(again to abandon them)", file=sys.stderr)
         runner.stop()

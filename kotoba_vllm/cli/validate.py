@@ -8,7 +8,7 @@ import sys
 from .._edn import EdnError, kw
 from .._validate import validate
 from ..dialects import DIALECTS
-from ._common import emit, load_entries
+from ._common import emit, iter_request_entries
 
 HELP = "Check request files: ranges, unknown keys, and what the chosen engine honours. Exit 1 on any error."
 
@@ -23,20 +23,18 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for path in args.files:
         try:
-            entries = load_entries(path)
+            for entry in iter_request_entries(path):  # streamed: a 1,000,000-request file in flat memory
+                problems = list(entry.problems)
+                if entry.request is not None:
+                    problems += entry.located(validate(entry.request, args.backend))
+                for p in problems:
+                    rec = p.to_edn()
+                    rec.setdefault(kw("vllm/where"), entry.where)
+                    rec[kw("vllm/request-index")] = entry.index
+                    emit(rec)
+                    if p.is_error:
+                        status = 1
         except (EdnError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             status = 1
-            continue
-        for entry in entries:
-            problems = list(entry.problems)
-            if entry.request is not None:
-                problems += entry.located(validate(entry.request, args.backend))
-            for p in problems:
-                rec = p.to_edn()
-                rec.setdefault(kw("vllm/where"), entry.where)
-                rec[kw("vllm/request-index")] = entry.index
-                emit(rec)
-                if p.is_error:
-                    status = 1
     return status

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._errors import ConfigError
 from .llamacpp import DIALECT as LLAMACPP
 from .openai import DIALECT as OPENAI
 from .openai import ChunkStream, Dialect
@@ -16,7 +17,7 @@ def get_dialect(name: str) -> Dialect:
     try:
         return DIALECTS[name]
     except KeyError:
-        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(DIALECTS)}") from None
+        raise ConfigError(f"unknown backend {name!r}; expected one of {', '.join(DIALECTS)}") from None
 
 
 __all__ = ["DIALECTS", "ChunkStream", "Dialect", "HttpRequest", "classify_error", "get_dialect", "parse_retry_after"]

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from .._codec import _plain_key, json_to_edn
+from .._codec import plain_key, json_to_edn
 from .._edn import Keyword, kw
 from .._errors import AdmissionRejected, BadRequest, NotReady, ServerError, ServerFailure
 
@@ -48,8 +48,6 @@ def parse_retry_after(value: str | None, now: _dt.datetime | None = None) -> flo
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
-        return None
-    if when is None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.timezone.utc)
@@ -95,7 +93,7 @@ def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint
     etype = err.get("type")
     etype = str(etype) if etype is not None else None
     details = {k: v for k, v in err.items() if k not in ("message", "type")} if err else {}
-    details_edn = {(kw(k) if _plain_key(k) else k): v for k, v in details.items()
+    details_edn = {(kw(k) if plain_key(k) else k): v for k, v in details.items()
                    if isinstance(v, (str, int, float, bool))} or None
     lowered = message.lower()
     retry_after = parse_retry_after(headers.get("retry-after"), now)
@@ -121,7 +119,7 @@ def _reason_from(err: dict[str, Any], body: Any) -> str | None:
         for key in ("reason", "code", "type"):
             v = src.get(key)
             if isinstance(v, str) and v and not v.isdigit():
-                return v.replace("_", "-").lower()
+                return v  # as the server said it; EDN makes it a keyword only when it reads back as one
     return None
 
 

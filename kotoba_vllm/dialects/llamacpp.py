@@ -19,7 +19,7 @@ from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Respo
                       TokenizeRequest, Usage)
 from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, llamacpp_server_timings
-from .openai import ChunkStream, Dialect, _int, _str, schema_json
+from .openai import ChunkStream, Dialect, int_or_none, schema_json, str_or_none
 from ._http import HttpRequest
 from ._regex_gbnf import InvalidRegex, RegexNotTranslatable, gbnf_literal, regex_to_gbnf
 
@@ -172,12 +172,13 @@ class LlamacppDialect(Dialect):
         return out
 
     def native_usage(self, obj: dict[str, Any]) -> Usage | None:
-        p, c = _int(obj.get("tokens_evaluated")), _int(obj.get("tokens_predicted"))
+        p, c = int_or_none(obj.get("tokens_evaluated")), int_or_none(obj.get("tokens_predicted"))
         if p is None and c is None:
             return None
-        t = obj.get("timings") if isinstance(obj.get("timings"), dict) else {}
+        timings = obj.get("timings")
+        t = timings if isinstance(timings, dict) else {}
         return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=(p or 0) + (c or 0),
-                     cached_tokens=_int(t.get("cache_n")))
+                     cached_tokens=int_or_none(t.get("cache_n")))
 
     def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
                        clock: ClientClock | None) -> Response:
@@ -186,7 +187,7 @@ class LlamacppDialect(Dialect):
                                 endpoint=endpoint_url)
         usage = self.native_usage(obj)
         choice = Choice(index=0, text=obj.get("content"), finish_reason=STOP_TYPES.get(obj.get("stop_type") or "none"))
-        return Response(text=choice.text, choices=(choice,), model=_str(obj.get("model")), usage=usage,
+        return Response(text=choice.text, choices=(choice,), model=str_or_none(obj.get("model")), usage=usage,
                         backend=self.name, endpoint="generate", endpoint_url=endpoint_url,
                         timings=build_timings(self.server_timings(obj), usage, clock), request_id=req.request_id,
                         extras=self.response_extras(obj))
@@ -232,7 +233,7 @@ class NativeStream(ChunkStream):
         usage = d.native_usage(obj)
         text = self.partial_text
         choice = Choice(index=0, text=text, finish_reason=STOP_TYPES.get(obj.get("stop_type") or "none"))
-        return Response(text=text, choices=(choice,), model=_str(obj.get("model")), usage=usage, backend=d.name,
+        return Response(text=text, choices=(choice,), model=str_or_none(obj.get("model")), usage=usage, backend=d.name,
                         endpoint="generate", endpoint_url=self.endpoint_url,
                         timings=build_timings(d.server_timings(obj), usage, clock), request_id=self.req.request_id,
                         extras=d.response_extras(obj))

@@ -7,11 +7,11 @@ A knob an engine would ignore is a validation error naming knob and engine.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
-from .._model import (Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                       EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
                       Sampling, StreamDelta, TokenizeRequest, TokenizeResponse, ToolCall, Usage)
 from .._problems import Problem
@@ -181,7 +181,7 @@ class Dialect:
     # ------------------------------------------------------------ parsing
 
     def parse(self, req: Request, obj: Any, endpoint_url: str | None = None,
-              clock: ClientClock | None = None) -> Any:
+              clock: ClientClock | None = None) -> AnyResponse:
         """A complete (non-streamed) JSON answer -> typed response."""
         if not isinstance(obj, dict):
             raise ProtocolError(f"expected a JSON object from {self.name}", offending=json.dumps(obj)[:500],
@@ -206,8 +206,8 @@ class Dialect:
         return Response(text=choices[0].text if choices else None, choices=choices, id=obj.get("id"),
                         model=obj.get("model"), usage=usage, backend=self.name, endpoint=ep,
                         endpoint_url=endpoint_url, timings=build_timings(server, usage, clock),
-                        request_id=req.request_id, created=_int(obj.get("created")),
-                        system_fingerprint=_str(obj.get("system_fingerprint")), extras=self.response_extras(obj))
+                        request_id=req.request_id, created=int_or_none(obj.get("created")),
+                        system_fingerprint=str_or_none(obj.get("system_fingerprint")), extras=self.response_extras(obj))
 
     def parse_choice(self, c: dict[str, Any]) -> Choice:
         msg = c.get("message")
@@ -218,8 +218,8 @@ class Dialect:
         else:
             text, reasoning, tool_calls = c.get("text"), None, None
         lp = c.get("logprobs")
-        return Choice(index=_int(c.get("index")) or 0, text=text if isinstance(text, str) else None,
-                      finish_reason=_reason(c.get("finish_reason")), tool_calls=tool_calls,
+        return Choice(index=int_or_none(c.get("index")) or 0, text=text if isinstance(text, str) else None,
+                      finish_reason=reason_text(c.get("finish_reason")), tool_calls=tool_calls,
                       reasoning=reasoning if isinstance(reasoning, str) else None,
                       logprobs=json_to_edn(lp) if lp is not None else None)
 
@@ -232,8 +232,8 @@ class Dialect:
             args = fn.get("arguments")
             out.append(ToolCall(name=str(fn.get("name") or ""),
                                 arguments=args if isinstance(args, str) else json.dumps(args),
-                                id=_str(t.get("id")), type=_str(t.get("type")) or "function",
-                                index=_int(t.get("index"))))
+                                id=str_or_none(t.get("id")), type=str_or_none(t.get("type")) or "function",
+                                index=int_or_none(t.get("index"))))
         return tuple(out)
 
     def parse_usage(self, u: Any) -> Usage | None:
@@ -241,12 +241,13 @@ class Dialect:
             return None
         details = u.get("prompt_tokens_details") or {}
         cdetails = u.get("completion_tokens_details") or {}
-        return Usage(prompt_tokens=_int(u.get("prompt_tokens")), completion_tokens=_int(u.get("completion_tokens")),
-                     total_tokens=_int(u.get("total_tokens")),
-                     cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else None,
+        return Usage(prompt_tokens=int_or_none(u.get("prompt_tokens")),
+                     completion_tokens=int_or_none(u.get("completion_tokens")),
+                     total_tokens=int_or_none(u.get("total_tokens")),
+                     cached_tokens=int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None,
                      # OpenAI/vLLM nest it in completion_tokens_details; SGLang reports it at the top level
-                     reasoning_tokens=(_int(cdetails.get("reasoning_tokens")) if isinstance(cdetails, dict)
-                                       else None) if cdetails else _int(u.get("reasoning_tokens")))
+                     reasoning_tokens=(int_or_none(cdetails.get("reasoning_tokens")) if isinstance(cdetails, dict)
+                                       else None) if cdetails else int_or_none(u.get("reasoning_tokens")))
 
     def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
         return None
@@ -260,8 +261,9 @@ class Dialect:
             raise ProtocolError("embedding answer has no data list", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
         vecs = tuple(tuple(float(x) for x in d.get("embedding", ())) for d in sorted(data, key=lambda d: d.get("index", 0)))
-        return EmbeddingResponse(embeddings=vecs, model=_str(obj.get("model")), usage=self.parse_usage(obj.get("usage")),
-                                 backend=self.name, endpoint_url=endpoint_url, request_id=req.request_id)
+        return EmbeddingResponse(embeddings=vecs, model=str_or_none(obj.get("model")),
+                                 usage=self.parse_usage(obj.get("usage")), backend=self.name,
+                                 endpoint_url=endpoint_url, request_id=req.request_id)
 
     def tokens_of(self, obj: dict[str, Any]) -> list[int]:
         toks = obj.get("tokens")
@@ -272,8 +274,9 @@ class Dialect:
 
     def detokenized_text(self, obj: dict[str, Any]) -> str:
         for k in ("prompt", "content", "text"):
-            if isinstance(obj.get(k), str):
-                return obj[k]
+            text = obj.get(k)
+            if isinstance(text, str):
+                return text
         raise ProtocolError("detokenize answer has no text", offending=json.dumps(obj)[:500])
 
     def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
@@ -285,8 +288,8 @@ class Dialect:
         if not isinstance(data, list):
             raise ProtocolError("models answer has no data list", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
-        return ModelsResponse(models=tuple(ModelInfo(id=str(m.get("id")), owned_by=_str(m.get("owned_by")),
-                                                     max_model_len=_int(m.get("max_model_len")))
+        return ModelsResponse(models=tuple(ModelInfo(id=str(m.get("id")), owned_by=str_or_none(m.get("owned_by")),
+                                                     max_model_len=int_or_none(m.get("max_model_len")))
                                            for m in data if isinstance(m, dict)),
                               backend=self.name, endpoint_url=endpoint_url)
 
@@ -347,13 +350,13 @@ class ChunkStream:
         d = self.dialect
         # Per-chunk hot path: header fields are read until first seen, engine hooks only when overridden.
         if not self.id:
-            self.id = _str(obj.get("id"))
+            self.id = str_or_none(obj.get("id"))
         if not self.model:
-            self.model = _str(obj.get("model"))
+            self.model = str_or_none(obj.get("model"))
         if not self.created:
-            self.created = _int(obj.get("created"))
+            self.created = int_or_none(obj.get("created"))
         if not self.fingerprint:
-            self.fingerprint = _str(obj.get("system_fingerprint"))
+            self.fingerprint = str_or_none(obj.get("system_fingerprint"))
         if obj.get("usage"):
             self.usage = d.parse_usage(obj["usage"])
         if self._engine_timings:
@@ -365,7 +368,7 @@ class ChunkStream:
         out: list[StreamDelta] = []
         for c in obj.get("choices") or ():
             idx = c.get("index")
-            if type(idx) is not int:  # same as `_int(..) or 0` for JSON values, without the calls
+            if type(idx) is not int:  # same as `int_or_none(..) or 0` for JSON values, without the calls
                 idx = 0
             delta = c.get("delta")
             reasoning = None
@@ -391,7 +394,7 @@ class ChunkStream:
                 reasoning = None
             fr = c.get("finish_reason")
             if fr is not None:
-                fr = _reason(fr)
+                fr = reason_text(fr)
             if fr is not None:
                 self.finish[idx] = fr
             elif idx not in self.finish:
@@ -406,7 +409,8 @@ class ChunkStream:
         for t in deltas:
             if not isinstance(t, dict):
                 continue
-            slot = calls.setdefault(_int(t.get("index")) or 0, {"id": None, "name": "", "arguments": "", "type": None})
+            slot = calls.setdefault(int_or_none(t.get("index")) or 0,
+                                    {"id": None, "name": "", "arguments": "", "type": None})
             if t.get("id"):
                 slot["id"] = t["id"]
             if t.get("type"):
@@ -446,6 +450,7 @@ def schema_json(v: Any) -> Any:
 
 
 _RAW_DECODE = json.JSONDecoder().raw_decode
+_FAST_LOADS: Callable[[str], Any] | None
 try:  # optional: decoding is most of a chunk's cost, and orjson does it ~3x faster
     from orjson import loads as _FAST_LOADS
 except ImportError:  # pragma: no cover - depends on the environment
@@ -469,21 +474,19 @@ def json_chunk(data: str) -> Any:
     return obj if end == len(data) else json.loads(data)
 
 
-def _int(v: Any) -> int | None:
+def int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _str(v: Any) -> str | None:
+def str_or_none(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _reason(v: Any) -> str | None:
-    if isinstance(v, str) and v:
-        return v.replace("_", "-")
+def reason_text(v: Any) -> str | None:
+    """The finish reason as the server spelled it ("tool_calls"), as the Clojure library keeps it."""
     if isinstance(v, dict):  # SGLang: {"type": "length", ...}
-        t = v.get("type")
-        return t.replace("_", "-") if isinstance(t, str) else None
-    return None
+        v = v.get("type")
+    return v if isinstance(v, str) and v else None
 
 
 DIALECT = Dialect()

@@ -17,7 +17,7 @@ from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
 from .._model import Choice, GenerateRequest, Request, Response, Sampling, StreamDelta, Usage
 from .._timings import ClientClock, ServerTimings, build_timings, sglang_server_timings
-from .openai import ChunkStream, Dialect, _int, _reason, _str, schema_json
+from .openai import ChunkStream, Dialect, int_or_none, reason_text, schema_json, str_or_none
 from ._http import HttpRequest
 
 SGLANG_OPENAI_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
@@ -111,9 +111,9 @@ class SglangDialect(Dialect):
         meta = obj.get("meta_info")
         if not isinstance(meta, dict):
             return None
-        p, c = _int(meta.get("prompt_tokens")), _int(meta.get("completion_tokens"))
+        p, c = int_or_none(meta.get("prompt_tokens")), int_or_none(meta.get("completion_tokens"))
         return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=(p + c) if p is not None and c is not None
-                     else None, cached_tokens=_int(meta.get("cached_tokens")))
+                     else None, cached_tokens=int_or_none(meta.get("cached_tokens")))
 
     def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
                        clock: ClientClock | None) -> Response:
@@ -122,9 +122,9 @@ class SglangDialect(Dialect):
                                 endpoint=endpoint_url)
         meta = obj.get("meta_info") or {}
         usage = self.native_usage(obj)
-        choice = Choice(index=0, text=obj.get("text"), finish_reason=_reason(meta.get("finish_reason")))
-        return Response(text=choice.text, choices=(choice,), id=_str(meta.get("id")), model=req.model, usage=usage,
-                        backend=self.name, endpoint="generate", endpoint_url=endpoint_url,
+        choice = Choice(index=0, text=obj.get("text"), finish_reason=reason_text(meta.get("finish_reason")))
+        return Response(text=choice.text, choices=(choice,), id=str_or_none(meta.get("id")), model=req.model,
+                        usage=usage, backend=self.name, endpoint="generate", endpoint_url=endpoint_url,
                         timings=build_timings(self.server_timings(obj), usage, clock), request_id=req.request_id,
                         extras=self.response_extras(obj))
 
@@ -159,7 +159,7 @@ class GenerateStream(ChunkStream):
             delta, self.text = chunk_text, self.text + chunk_text
         self.last_obj = obj
         meta = obj.get("meta_info") or {}
-        fr = _reason(meta.get("finish_reason"))
+        fr = reason_text(meta.get("finish_reason"))
         if delta or fr is not None:
             return [StreamDelta(delta=delta, finish_reason=fr, index=0)]
         return []
@@ -170,8 +170,8 @@ class GenerateStream(ChunkStream):
         obj = self.last_obj or {}
         meta = obj.get("meta_info") or {}
         usage = d.native_usage(obj)
-        choice = Choice(index=0, text=self.text, finish_reason=_reason(meta.get("finish_reason")))
-        return Response(text=self.text, choices=(choice,), id=_str(meta.get("id")), model=self.req.model,
+        choice = Choice(index=0, text=self.text, finish_reason=reason_text(meta.get("finish_reason")))
+        return Response(text=self.text, choices=(choice,), id=str_or_none(meta.get("id")), model=self.req.model,
                         usage=usage, backend=d.name, endpoint="generate", endpoint_url=self.endpoint_url,
                         timings=build_timings(d.server_timings(obj), usage, clock), request_id=self.req.request_id,
                         extras=d.response_extras(obj))

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import attrs
 
-from .._edn import kw, read_file
+from .._edn import EdnError, Keyword, kw, read_file
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas" / "engine-flags"
 CHECKED_ENGINES = ("vllm", "sglang")  # llama.cpp's flags live in C++; its live test runs them
@@ -31,6 +31,14 @@ class EngineFlags:
 
 @functools.lru_cache(maxsize=None)
 def engine_flags(engine: str, schema_dir: Path = SCHEMA_DIR) -> EngineFlags:
-    m = read_file(str(schema_dir / f"{engine}.edn"))[0].value
-    return EngineFlags(engine=m[kw("flags/engine")].name, version=m[kw("flags/version")],
-                       source=m[kw("flags/source")], flags=frozenset(m[kw("flags/flags")]))
+    form = read_file(str(schema_dir / f"{engine}.edn"))[0]
+    m = form.value
+    name, version, source = (m.get(kw(k)) if isinstance(m, dict) else None
+                             for k in ("flags/engine", "flags/version", "flags/source"))
+    flags = m.get(kw("flags/flags")) if isinstance(m, dict) else None
+    if not (isinstance(name, Keyword) and isinstance(version, str) and isinstance(source, str)
+            and isinstance(flags, (list, tuple)) and all(isinstance(f, str) for f in flags)):
+        raise EdnError("an engine-flags file is {:flags/engine :k :flags/version \"..\" :flags/source \"..\" "
+                       ":flags/flags [\"--flag\" ...]}", form.source, form.line, form.column)
+    return EngineFlags(engine=name.name, version=version, source=source,
+                       flags=frozenset(f for f in flags if isinstance(f, str)))

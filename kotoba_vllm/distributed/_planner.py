@@ -201,7 +201,7 @@ def spans(counts: Sequence[int]) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- plan
 
 
-def _problem(code: str, msg: str, field: str | None, path: tuple,
+def _problem(code: str, msg: str, field: str | None, path: tuple[Any, ...],
              where: Callable[[Sequence[Any]], str | None], severity: str = "error") -> Problem:
     return Problem(severity, code, msg, field=field, where=where(path))
 

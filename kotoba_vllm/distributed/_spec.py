@@ -16,13 +16,13 @@ without errors is structured (by one cattrs converter) into `DistSpec`.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Callable, NamedTuple, NewType, Optional, Sequence
+from typing import Any, Callable, NamedTuple, NewType, Optional, Sequence, TypeGuard
 
 import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from .._edn import Form, Keyword, dumps, kw
+from .._edn import Edn, Form, Keyword, dumps, kw
 from .._problems import Problem
 
 Kw = NewType("Kw", str)  # a keyword in EDN, its name in Python ("vllm" for :vllm)
@@ -32,7 +32,7 @@ STRATEGIES = ("auto", "tensor", "pipeline", "expert")
 # How a link number was obtained; only the first is evidence (seed: a claim is not a measurement).
 LINK_METHODS = ("receiver-verified", "unverified-transfer", "instrument-limited", "nominal")
 
-Path = tuple  # ("dist/nodes", 1, "node/memory-bytes"): where in the spec a problem is
+Path = tuple[Any, ...]  # ("dist/nodes", 1, "node/memory-bytes"): where in the spec a problem is
 
 
 def _f(key: str, kind: str, required: bool = False, default: Any = None) -> Any:
@@ -143,7 +143,7 @@ class Locator:
         return best
 
     @staticmethod
-    def _key(m: dict, name: str) -> Any:
+    def _key(m: dict[Any, Any], name: str) -> Any:
         k = kw(name)
         if k in m:
             return k
@@ -159,7 +159,7 @@ def _no_where(path: Sequence[Any]) -> str | None:
 
 # ---------------------------------------------------------------- validation
 
-_KIND_TEXT = {
+KIND_TEXT = {
     "str": "a string", "pos-int": "a positive integer", "nat-int": "a non-negative integer",
     "port": "a port number 1-65535", "pos-num": "a positive number", "nat-num": "a non-negative number",
     "bool": "true or false", "inst": "an #inst", "engine": "one of " + ", ".join(":" + e for e in ENGINES),
@@ -170,7 +170,7 @@ _KIND_TEXT = {
 }
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -195,12 +195,13 @@ _SCALAR_OK: dict[str, Callable[[Any], bool]] = {
 
 class _V:
     def __init__(self, where: Callable[[Sequence[Any]], str | None]) -> None:
-        self.where, self.problems = where, []
+        self.where = where
+        self.problems: list[Problem] = []
 
     def err(self, code: str, msg: str, field: str | None, path: Sequence[Any], severity: str = "error") -> None:
         self.problems.append(Problem(severity, code, msg, field=field, where=self.where(path)))
 
-    def map(self, m: Any, cls: type, path: tuple, label: str) -> None:
+    def map(self, m: Any, cls: type, path: Path, label: str) -> None:
         if not isinstance(m, dict):
             self.err("dist/shape", f"{label} must be a map", None, path)
             return
@@ -222,26 +223,26 @@ class _V:
             self.value(v, table[name].kind, path + (name,), name)
         for name, key in table.items():
             if key.required and name not in seen:
-                self.err("dist/missing-key", f"{label}: :{name} is required ({_KIND_TEXT[key.kind]})", name, path)
+                self.err("dist/missing-key", f"{label}: :{name} is required ({KIND_TEXT[key.kind]})", name, path)
 
-    def value(self, v: Any, kind: str, path: tuple, field: str) -> None:
+    def value(self, v: Any, kind: str, path: Path, field: str) -> None:
         ok = _SCALAR_OK.get(kind)
         if ok is not None:
             if not ok(v):
-                self.err("dist/type", f":{field} must be {_KIND_TEXT[kind]}, got {dumps(v)}", field, path)
+                self.err("dist/type", f":{field} must be {KIND_TEXT[kind]}, got {dumps(v)}", field, path)
             return
         if kind == "model":
             self.map(v, ModelSpec, path, ":dist/model")
         elif kind in ("nodes", "links"):
             cls = NodeSpec if kind == "nodes" else LinkObservation
             if not isinstance(v, list) or (kind == "nodes" and not v):
-                self.err("dist/type", f":{field} must be {_KIND_TEXT[kind]}", field, path)
+                self.err("dist/type", f":{field} must be {KIND_TEXT[kind]}", field, path)
                 return
             for i, item in enumerate(v):
                 self.map(item, cls, path + (i,), f":{field} item {i}")
 
 
-def _cross_checks(raw: dict, v: _V) -> None:
+def _cross_checks(raw: dict[Any, Any], v: _V) -> None:
     """Checks that need more than one key: unique names, links naming real nodes, speed xor failure."""
     nodes = raw.get(kw("dist/nodes"))
     names: list[str] = []
@@ -301,8 +302,9 @@ def _make_converter() -> cattrs.Converter:
     for cls in TABLES:
         renames = {a.name: override(rename=a.metadata["edn"], omit_if_default=not a.metadata["required"])
                    for a in attrs.fields(cls)}
-        c.register_structure_hook(cls, make_dict_structure_fn(cls, c, **renames))
-        c.register_unstructure_hook(cls, make_dict_unstructure_fn(cls, c, **renames))
+        # cattrs types **renames against its own flag arguments too; every key here is an attribute name.
+        c.register_structure_hook(cls, make_dict_structure_fn(cls, c, **renames))  # type: ignore[arg-type]
+        c.register_unstructure_hook(cls, make_dict_unstructure_fn(cls, c, **renames))  # type: ignore[arg-type]
     return c
 
 
@@ -335,9 +337,11 @@ def spec_from_edn(raw: Any, form: Form | None = None) -> tuple[DistSpec | None, 
     return CONVERTER.structure(_keys_to_names(raw), DistSpec), problems
 
 
-def spec_to_edn(spec: DistSpec) -> dict[Keyword, Any]:
-    return _names_to_keys(CONVERTER.unstructure(spec))
+def spec_to_edn(spec: DistSpec) -> dict[Keyword, Edn]:
+    out: dict[Keyword, Edn] = _names_to_keys(CONVERTER.unstructure(spec))
+    return out
 
 
-def link_to_edn(obs: LinkObservation) -> dict[Keyword, Any]:
-    return _names_to_keys(CONVERTER.unstructure(obs))
+def link_to_edn(obs: LinkObservation) -> dict[Keyword, Edn]:
+    out: dict[Keyword, Edn] = _names_to_keys(CONVERTER.unstructure(obs))
+    return out

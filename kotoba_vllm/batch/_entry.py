@@ -1,0 +1,32 @@
+"""One batch entry: the data both input readers (EDN forms, JSONL lines) yield."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .._model import Request
+from .._problems import Problem
+
+
+@attrs.frozen
+class BatchEntry:
+    """One request of a batch: typed when it could be read, with its problems either way.
+
+    `index` is the position in the input (0-based); `custom_id` is the JSONL line's id.
+    """
+
+    index: int
+    where: str
+    request: Request | None
+    problems: tuple[Problem, ...] = ()
+    custom_id: str | None = None
+
+    @property
+    def sendable(self) -> bool:
+        return self.request is not None and not any(p.is_error for p in self.problems)
+
+    @property
+    def request_id(self) -> str | int | None:
+        return self.request.request_id if self.request is not None else None

@@ -1,0 +1,64 @@
+"""What a user's type checker sees: mypy runs on tests/typing/send_types.py, and every
+`reveal_type(...)` there must reveal what the `# revealed:` comment on its line says
+(`client.send(ChatRequest(...))` is a `Response`, `send(TokenizeRequest(...))` a
+`TokenizeResponse`, the same for `AsyncClient`, `Pool` and `AsyncPool`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+mypy_api = pytest.importorskip("mypy.api", reason="mypy is in the test extra")
+
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPET = ROOT / "tests" / "typing" / "send_types.py"
+REVEALED = re.compile(r'^(?P<file>[^:]+):(?P<line>\d+): note: Revealed type is "(?P<type>.*)"$')
+
+
+def expected() -> dict[int, str]:
+    out = {}
+    for n, line in enumerate(SNIPPET.read_text(encoding="utf-8").splitlines(), 1):
+        if "reveal_type(" in line:
+            out[n] = line.split("# revealed:", 1)[1].strip()
+    return out
+
+
+# mypy spells out a type alias; this is `Edn`, one level deep.
+EDN_SPELLED = ("None | bool | int | float | decimal.Decimal | str | edn_format.Keyword | edn_format.Symbol | "
+               "edn_format.Char | datetime.datetime | uuid.UUID | list[...] | tuple[..., ...] | frozenset[...] | "
+               "dict[Any, ...]")
+
+
+def short(t: str) -> str:
+    return "Edn" if t == EDN_SPELLED else t
+
+
+@pytest.fixture(scope="module")
+def revealed(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    cache = tmp_path_factory.mktemp("mypy-cache")
+    stdout, stderr, status = mypy_api.run(["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(cache),
+                                           "--no-incremental", str(SNIPPET)])
+    errors = [line for line in stdout.splitlines() if ": error:" in line]
+    assert not errors, stdout + stderr
+    out = {}
+    for line in stdout.splitlines():
+        m = REVEALED.match(line)
+        if m:
+            out[int(m["line"])] = short(m["type"])
+    return out
+
+
+def test_every_reveal_type_is_what_the_comment_says(revealed: dict[int, str]) -> None:
+    want = expected()
+    assert len(want) >= 20
+    wrong = {n: (w, revealed.get(n)) for n, w in want.items() if revealed.get(n) != w}
+    assert not wrong, "\n".join(f"line {n}: expected {w}, mypy revealed {got}" for n, (w, got) in wrong.items())
+
+
+def test_send_of_a_chat_request_is_a_response_for_every_client_kind(revealed: dict[int, str]) -> None:
+    lines = SNIPPET.read_text(encoding="utf-8").splitlines()
+    for prefix in ("c.send(chat)", "await c.send(chat)", "p.send(chat)", "await p.send(chat)"):
+        hits = [n for n, line in enumerate(lines, 1) if f"reveal_type({prefix})" in line]
+        assert hits and all(revealed[n] == "kotoba_vllm._model.Response" for n in hits), prefix
