@@ -11,13 +11,25 @@ from hypothesis import HealthCheck, assume, given, reject, settings
 from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
 
-from kotoba_vllm.dialects._regex_gbnf import InvalidRegex, RegexNotTranslatable, gbnf_literal, regex_to_gbnf
+from kotoba_vllm.dialects._regex_gbnf import Untranslatable, gbnf_literal, regex_to_gbnf
 
-from _gbnf import Grammar, GrammarSyntaxError
+from _gbnf import Expr, Grammar, GrammarSyntaxError, Lit, Ref, Rep
+
+
+def gbnf(pattern: str) -> str:
+    text = regex_to_gbnf(pattern)
+    assert isinstance(text, str), (pattern, text)
+    return text
+
+
+def refusal(pattern: str) -> Untranslatable:
+    why = regex_to_gbnf(pattern)
+    assert isinstance(why, Untranslatable), (pattern, why)
+    return why
 
 
 def grammar(pattern: str) -> Grammar:
-    return Grammar.parse(regex_to_gbnf(pattern))
+    return Grammar.parse(gbnf(pattern))
 
 
 # (pattern, strings it matches in full, strings it does not)
@@ -93,42 +105,46 @@ REFUSED = [
 
 @pytest.mark.parametrize("pattern, construct", REFUSED)
 def test_untranslatable_constructs_are_named_never_loosened(pattern: str, construct: str) -> None:
-    with pytest.raises(RegexNotTranslatable) as e:
-        regex_to_gbnf(pattern)
-    assert construct in e.value.construct
+    why = refusal(pattern)
+    assert construct in why.construct and not why.invalid
 
 
 def test_atomic_and_possessive_are_refused_where_python_has_them() -> None:
     for pattern, construct in ((r"(?>a)", "atomic group"), (r"a*+", "possessive repeat")):
-        with pytest.raises(RegexNotTranslatable) as e:
-            regex_to_gbnf(pattern)
+        why = refusal(pattern)
         # Python 3.10 itself rejects the syntax; 3.11+ parses it and we refuse it by name
-        assert construct in e.value.construct or isinstance(e.value, InvalidRegex)
+        assert construct in why.construct or why.invalid
 
 
 def test_an_invalid_pattern_is_refused_with_re_s_own_complaint() -> None:
-    with pytest.raises(InvalidRegex) as e:
-        regex_to_gbnf("(unclosed")
-    assert "missing )" in e.value.construct
+    why = refusal("(unclosed")
+    assert why.invalid and "missing )" in why.construct
 
 
 def test_bounded_repeats_are_spelled_out_not_left_to_llamacpp_s_bounds() -> None:
     # llama.cpp widens a {m,n} with n > 2000 to unbounded; ours stays exact and grows linearly
-    big = Grammar.parse(regex_to_gbnf(r"a{2,2100}"))
-    assert "{" not in regex_to_gbnf(r"a{2,2100}") and len(big.rules) < 2200
+    big = Grammar.parse(gbnf(r"a{2,2100}"))
+    assert "{" not in gbnf(r"a{2,2100}") and len(big.rules) < 2200
     parsed = grammar(r"a{2,300}")  # the same chain, short enough for a quick check
     assert parsed.accepts("a" * 300) and not parsed.accepts("a" * 301) and not parsed.accepts("a")
-    nested = regex_to_gbnf(r"(b{0,60}){0,60}")  # llama.cpp refuses this product of bounds as {m,n}
+    nested = gbnf(r"(b{0,60}){0,60}")  # llama.cpp refuses this product of bounds as {m,n}
     assert len(nested) < 5000
 
 
 def test_repeated_nullable_groups_do_not_become_left_recursion() -> None:
     # `(a*)*` read literally is `S ::= a* S |`, which llama.cpp rejects as left recursion
-    g = regex_to_gbnf(r"(a*|b?)*c")
-    for line in g.splitlines():
-        name, body = line.split(" ::= ")
-        assert not re.search(r"\(\s*\)[*+]|\"\"[*+]", body), line
-    assert Grammar.parse(g).accepts("aabac")
+    for pattern in (r"(a*|b?)*c", r"(?:(?:a?b?)+|x{0,2})*", r"(a*)+(b?)*"):
+        g = Grammar.parse(gbnf(pattern))
+        starred = [r.item for body in g.rules.values() for r in reps(body) if r.hi is None]
+        nullable = [i for i in starred if (g.accepts("", start=i.name) if isinstance(i, Ref) else i == Lit(""))]
+        assert starred and not nullable, pattern
+        for s in ("", "aabac", "abx", "ab", "c"):
+            assert g.accepts(s) == bool(re.fullmatch(pattern, s)), (pattern, s)
+
+
+def reps(e: Expr) -> list[Rep]:
+    inner = [e.item] if isinstance(e, Rep) else list(getattr(e, "items", ())) + list(getattr(e, "options", ()))
+    return ([e] if isinstance(e, Rep) else []) + [r for i in inner for r in reps(i)]
 
 
 def test_choice_literals_escape_quotes_backslashes_and_control_characters() -> None:
@@ -143,8 +159,8 @@ def test_lone_surrogates_are_never_allowed_since_no_utf8_output_holds_them() -> 
 
 
 def test_the_grammar_is_cached_and_deterministic() -> None:
-    assert regex_to_gbnf(r"[a-z]{1,3}") is regex_to_gbnf(r"[a-z]{1,3}")
-    assert Grammar.parse(regex_to_gbnf(r"\w")).rules  # Unicode \w: hundreds of ranges, still one class
+    assert gbnf(r"[a-z]{1,3}") is gbnf(r"[a-z]{1,3}")
+    assert Grammar.parse(gbnf(r"\w")).rules  # Unicode \w: hundreds of ranges, still one class
 
 
 # ------------------------------------------------------------------ generated regexes
@@ -234,10 +250,9 @@ def test_strings_the_regex_rejects_are_rejected(pattern: str, data: st.DataObjec
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # "possible nested set": re's own hint
 @given(pattern=st.text(st.sampled_from(list("ab()|*+?{}[]^$.\\-,0123dws")), max_size=12))
 def test_any_pattern_is_translated_or_refused_by_name(pattern: str) -> None:
-    try:
-        text = regex_to_gbnf(pattern)
-    except RegexNotTranslatable as e:
-        assert e.construct
+    text = regex_to_gbnf(pattern)
+    if isinstance(text, Untranslatable):
+        assert text.construct
         return
     try:
         Grammar.parse(text)

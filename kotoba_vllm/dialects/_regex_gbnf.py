@@ -4,12 +4,12 @@ Pure and stdlib-only. The pattern is parsed by CPython's own regex parser (`re._
 `sre_parse` before 3.11), so escapes, classes and repeat syntax mean exactly what `re` means,
 then lowered to a tiny regular-language tree and printed as GBNF:
 
-    regex_to_gbnf(r"[a-z]{2,3}-\\d")  ->  root ::= [a-z] [a-z] rep-1 "-" [0-9...]   (plus helper rules)
+    regex_to_gbnf(r"[a-z]{2,3}-(?:[0-9]|x)")  ->  'root ::= [a-z] [a-z] [a-z]? "-" ([0-9] | "x")\n'
 
 What the grammar accepts is what `re.fullmatch(pattern, s)` accepts, for every `s` that can be
 written in UTF-8 (so never a lone surrogate, which no engine can output). A construct with no
 exact grammar equivalent (back-references, look-arounds, word boundaries, a case-insensitive
-flag, an anchor in the middle) raises `RegexNotTranslatable` naming it: never a looser grammar.
+flag, an anchor in the middle) gives an `Untranslatable` naming it: never a looser grammar.
 
 Bounded repeats are spelled out as chains of named rules instead of GBNF's `{m,n}`:
 llama.cpp widens a `{m,n}` whose bound exceeds 2000 to unbounded, and refuses nested
@@ -33,16 +33,25 @@ MAX_CODEPOINT = 0x10FFFF
 MAX_BOUND = 10_000  # largest {m,n} bound spelled out; the grammar grows linearly with it
 
 
-class RegexNotTranslatable(ValueError):
-    """`construct` is what the pattern uses that no GBNF grammar can express exactly."""
+@dataclass(frozen=True)
+class Untranslatable:
+    """Why a pattern has no grammar: `construct` is what it uses that no GBNF grammar expresses
+    exactly, or, when `invalid`, `re`'s own complaint about it."""
 
-    def __init__(self, construct: str) -> None:
-        super().__init__(construct)
-        self.construct = construct
+    construct: str
+    invalid: bool = False
 
 
-class InvalidRegex(RegexNotTranslatable):
-    """`re` itself rejects the pattern; `construct` is its complaint."""
+class _Refused(Exception):
+    """Control flow inside this module: unwinds the lowering to `regex_to_gbnf`."""
+
+    def __init__(self, why: Untranslatable) -> None:
+        super().__init__(why.construct)
+        self.why = why
+
+
+def _refuse(construct: str) -> _Refused:
+    return _Refused(Untranslatable(construct))
 
 
 # ---------------------------------------------------------------- the regular-language tree
@@ -196,13 +205,11 @@ def repeat(item: Node, lo: int, hi: int | None) -> Node:
 # ---------------------------------------------------------------- from CPython's parse tree
 
 def parse(pattern: str) -> Node:
-    """`pattern` -> tree; raises RegexNotTranslatable (also for a pattern `re` rejects)."""
+    """`pattern` -> tree; raises _Refused (also for a pattern `re` rejects)."""
     try:
         tree = _sre.parse(pattern)
-    except re.error as e:
-        raise InvalidRegex(str(e)) from None
-    except OverflowError as e:
-        raise InvalidRegex(str(e)) from None
+    except (re.error, OverflowError) as e:
+        raise _Refused(Untranslatable(str(e), invalid=True)) from None
     return _Lowering().items(list(tree), tree.state.flags, True, True)
 
 
@@ -213,7 +220,7 @@ def _op(name: str) -> Any:
 class _Lowering:
     def items(self, items: list[tuple[Any, Any]], flags: int, at_start: bool, at_end: bool) -> Node:
         if flags & _sre.SRE_FLAG_IGNORECASE:
-            raise RegexNotTranslatable("case-insensitive matching (?i)")
+            raise _refuse("case-insensitive matching (?i)")
         anchors = [op == _sre.AT for op, _ in items]
         out: list[Node] = []
         for k, (op, av) in enumerate(items):
@@ -241,24 +248,24 @@ class _Lowering:
             lo, hi, p = av
             bound = lo if hi == _sre.MAXREPEAT else hi
             if bound > MAX_BOUND:
-                raise RegexNotTranslatable(f"a repeat bound of {bound} (at most {MAX_BOUND} is spelled out)")
+                raise _refuse(f"a repeat bound of {bound} (at most {MAX_BOUND} is spelled out)")
             return repeat(self.items(list(p), flags, False, False), lo, None if hi == _sre.MAXREPEAT else hi)
         if op == _sre.AT:
             return self.anchor(av, at_start, at_end)
-        raise RegexNotTranslatable(self.describe(op, av))
+        raise _refuse(self.describe(op, av))
 
     def anchor(self, at: Any, at_start: bool, at_end: bool) -> Node:
         if at in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING):
             if at_start:
                 return EMPTY
-            raise RegexNotTranslatable("a start anchor (^ or \\A) that is not at the start of the pattern")
+            raise _refuse("a start anchor (^ or \\A) that is not at the start of the pattern")
         if at in (_sre.AT_END, _sre.AT_END_STRING):
             if at_end:
                 return EMPTY
-            raise RegexNotTranslatable("an end anchor ($ or \\Z) that is not at the end of the pattern")
+            raise _refuse("an end anchor ($ or \\Z) that is not at the end of the pattern")
         if at in (_sre.AT_BOUNDARY, _sre.AT_NON_BOUNDARY):
-            raise RegexNotTranslatable("a word boundary (\\b or \\B)")
-        raise RegexNotTranslatable(f"the anchor {at}")
+            raise _refuse("a word boundary (\\b or \\B)")
+        raise _refuse(f"the anchor {at}")
 
     def describe(self, op: Any, av: Any) -> str:
         if op == _sre.GROUPREF:
@@ -287,7 +294,7 @@ class _Lowering:
             elif op == _sre.CATEGORY:
                 ranges.extend(self.category(av, ascii_only))
             else:
-                raise RegexNotTranslatable(f"the class item {op}")
+                raise _refuse(f"the class item {op}")
         out = normalize(ranges)
         return complement(out) if negate else out
 
@@ -296,7 +303,7 @@ class _Lowering:
                  _sre.CATEGORY_SPACE: (r"\s", False), _sre.CATEGORY_NOT_SPACE: (r"\s", True),
                  _sre.CATEGORY_WORD: (r"\w", False), _sre.CATEGORY_NOT_WORD: (r"\w", True)}
         if cat not in table:
-            raise RegexNotTranslatable(f"the class {cat}")
+            raise _refuse(f"the class {cat}")
         escape, negated = table[cat]
         ranges = category_ranges(escape, ascii_only)
         return complement(ranges) if negated else ranges
@@ -423,12 +430,12 @@ def is_one_char(n: Node) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def regex_to_gbnf(pattern: str) -> str:
-    """A GBNF grammar (rule `root`) accepting exactly the strings `re.fullmatch(pattern, s)` accepts.
-
-    Raises RegexNotTranslatable naming the construct that has no exact grammar equivalent.
-    """
+def regex_to_gbnf(pattern: str) -> str | Untranslatable:
+    """A GBNF grammar (rule `root`) accepting exactly the strings `re.fullmatch(pattern, s)` accepts,
+    or what keeps the pattern from having one."""
     try:
         return _Printer().grammar(parse(pattern))
+    except _Refused as e:
+        return e.why
     except RecursionError:
-        raise RegexNotTranslatable("groups nested too deeply") from None
+        return Untranslatable("groups nested too deeply")

@@ -21,7 +21,7 @@ from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, llamacpp_server_timings
 from .openai import ChunkStream, Dialect, int_or_none, schema_json, str_or_none
 from ._http import HttpRequest
-from ._regex_gbnf import InvalidRegex, RegexNotTranslatable, gbnf_literal, regex_to_gbnf
+from ._regex_gbnf import Untranslatable, gbnf_literal, regex_to_gbnf
 
 LLAMACPP_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                                "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs", "guided_json",
@@ -41,18 +41,15 @@ def choice_grammar(choices: tuple[str, ...]) -> str:
 
 def regex_problem(pattern: str, engine: str) -> Problem | None:
     """The validation problem for a regex llama.cpp's grammars cannot express exactly, if any."""
-    try:
-        regex_to_gbnf(pattern)
-    except RegexNotTranslatable as e:
-        return untranslatable(e, engine)
-    return None
+    grammar = regex_to_gbnf(pattern)
+    return untranslatable(grammar, engine) if isinstance(grammar, Untranslatable) else None
 
 
-def untranslatable(e: RegexNotTranslatable, engine: str) -> Problem:
-    if isinstance(e, InvalidRegex):
-        msg = f":vllm/guided-regex is not a valid regular expression ({e.construct}), so no {engine} grammar"
+def untranslatable(why: Untranslatable, engine: str) -> Problem:
+    if why.invalid:
+        msg = f":vllm/guided-regex is not a valid regular expression ({why.construct}), so no {engine} grammar"
     else:
-        msg = (f":vllm/guided-regex uses {e.construct}; {engine} enforces a regex as a grammar, and no grammar "
+        msg = (f":vllm/guided-regex uses {why.construct}; {engine} enforces a regex as a grammar, and no grammar "
                "expresses that exactly")
     return Problem("error", "engine/unsupported", msg, field="vllm/guided-regex", engine=engine)
 
@@ -62,10 +59,10 @@ def structured_grammar(s: Sampling) -> str | None:
     if s.guided_choice is not None:
         return choice_grammar(s.guided_choice)
     if s.guided_regex is not None:
-        try:
-            return regex_to_gbnf(s.guided_regex)
-        except RegexNotTranslatable as e:  # render without validate first: still never a looser grammar
-            raise ValidationError([untranslatable(e, "llamacpp")]) from None
+        grammar = regex_to_gbnf(s.guided_regex)
+        if isinstance(grammar, Untranslatable):  # render without validate first: still never a looser grammar
+            raise ValidationError([untranslatable(grammar, "llamacpp")])
+        return grammar
     return None
 
 
