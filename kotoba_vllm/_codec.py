@@ -34,7 +34,7 @@ class Ctx:
         self.problems: list[Problem] = []
         self.form = form
 
-    def where(self, mapping: Any, key: Any) -> str | None:
+    def where(self, mapping: object, key: Edn) -> str | None:
         if self.form is None:
             return None
         loc = self.form.locate(mapping, key)
@@ -42,7 +42,7 @@ class Ctx:
             return self.form.where
         return f"{self.form.source}:{loc[0]}:{loc[1]}"
 
-    def bad(self, code: str, msg: str, field: str | None, mapping: Any = None, key: Any = None) -> None:
+    def bad(self, code: str, msg: str, field: str | None, mapping: object = None, key: Edn = None) -> None:
         self.problems.append(Problem("error", code, msg, field=field, where=self.where(mapping, key)))
 
 
@@ -59,10 +59,10 @@ class Codec:
 
     name = "value"
 
-    def to_edn(self, v: Any) -> Any:
+    def to_edn(self, v: Edn) -> Edn:  # scalars are their own EDN; collections and classes override
         return v
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         return v
 
 
@@ -70,7 +70,7 @@ class _Scalar(Codec):
     def __init__(self, name: str, check: Callable[[Any], bool], conv: Callable[[Any], Any] = lambda v: v) -> None:
         self.name, self.check, self.conv = name, check, conv
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not self.check(v):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
         return self.conv(v)
@@ -92,10 +92,10 @@ class _Kw(Codec):
         self.namespace = namespace
         self.name = "one of " + " ".join(":" + c for c in self.choices) if self.choices else "a keyword"
 
-    def to_edn(self, v: Any) -> Any:
+    def to_edn(self, v: Any) -> Edn:
         return kw(f"{self.namespace}/{v}" if self.namespace else v)
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, Keyword):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
         name = v.name
@@ -121,10 +121,10 @@ class _Word(Codec):
 
     name = "a keyword or a string"
 
-    def to_edn(self, v: Any) -> Any:
+    def to_edn(self, v: Any) -> Edn:
         return keyword_or_string(v)
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if isinstance(v, Keyword):
             return v.name
         if type(v) is str:
@@ -140,10 +140,10 @@ class _NilWhenEmpty(Codec):
 
     name = "a string or nil"
 
-    def to_edn(self, v: Any) -> Any:
+    def to_edn(self, v: Any) -> Edn:
         return v or None
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if type(v) is not str:
             raise _Bad(f"expected {self.name}, got {describe(v)}")
         return v
@@ -156,10 +156,10 @@ class _Many(Codec):
     def __init__(self, item: Codec) -> None:
         self.item, self.name = item, f"a vector of {item.name}"
 
-    def to_edn(self, v: Any) -> Any:
+    def to_edn(self, v: Any) -> Edn:
         return [self.item.to_edn(x) for x in v]
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, (list, tuple)):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
         return tuple(self.item.from_edn(x, ctx, field) for x in v)
@@ -175,16 +175,19 @@ class _OneOf(Codec):
     def __init__(self, *options: Codec) -> None:
         self.options, self.name = options, " or ".join(o.name for o in options)
 
-    def to_edn(self, v: Any) -> Any:
+    def to_edn(self, v: Any) -> Edn:
         for o in self.options:
             if isinstance(o, _Many) and isinstance(v, tuple):
                 return o.to_edn(v)
             if isinstance(o, _Nested) and isinstance(v, o.cls):
                 return o.to_edn(v)
-        return v
+        scalar: Edn = v  # none of the collection options: a scalar, its own EDN
+        return scalar
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         for o in self.options:
+            if isinstance(o, _Scalar) and not o.check(v):
+                continue  # skip building the refusal message a later option makes moot
             try:
                 return o.from_edn(v, ctx, field)
             except _Bad:
@@ -201,10 +204,11 @@ class _Nested(Codec):
         self.cls = cls
         self.name = f"a {cls.__name__} map"
 
-    def to_edn(self, v: Any) -> Any:
-        return edn_converter.unstructure(v)
+    def to_edn(self, v: Any) -> Edn:
+        out: dict[Keyword, Edn] = edn_converter.unstructure(v)  # the hooks registered below
+        return out
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, dict):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
         before = len(ctx.problems)
@@ -226,7 +230,7 @@ class _Json(Codec):
 
     name = "JSON-like data"
 
-    def from_edn(self, v: Any, ctx: Ctx, field: str) -> Any:
+    def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         bad = _non_json(v)
         if bad is not None:
             raise _Bad(f"cannot be sent as JSON: {bad}")
@@ -237,7 +241,7 @@ JSON = _Json()
 ANY = Codec()
 
 
-def describe(v: Any) -> str:
+def describe(v: object) -> str:
 
     try:
         text = dumps(v)
@@ -250,7 +254,7 @@ def describe(v: Any) -> str:
     return f"{kind} {text}"
 
 
-def _non_json(v: Any) -> str | None:
+def _non_json(v: Edn) -> str | None:
     if isinstance(v, float) and not math.isfinite(v) or isinstance(v, Decimal) and not v.is_finite():
         return f"{describe(v)} (JSON has no NaN or infinity)"  # httpx would refuse it at send time
     if v is None or isinstance(v, (str, bool, int, float, Keyword, Decimal)):
@@ -297,7 +301,7 @@ def json_to_edn(v: Any) -> Edn:
     return scalar
 
 
-def plain_key(k: Any) -> bool:
+def plain_key(k: object) -> bool:
     # a JSON key becomes a keyword only when every EDN reader reads it back as that key; "/" would add a namespace
     return isinstance(k, str) and "/" not in k and is_keyword_name(k)
 
@@ -394,9 +398,9 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Key
     return cls(**kwargs)
 
 
-def _unstructure(obj: Any) -> dict[Keyword, Any]:
+def _unstructure(obj: Any) -> dict[Keyword, Edn]:
     spec = class_spec(type(obj))
-    out: dict[Keyword, Any] = {}
+    out: dict[Keyword, Edn] = {}
     for name, k, codec in spec.fields:
         v = getattr(obj, name)
         if v is not None:

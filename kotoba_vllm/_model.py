@@ -212,6 +212,7 @@ class Timings:
     ttft: Figure = edn_field("vllm/ttft", NESTED(Figure), default=UNAVAILABLE)
     inter_token: Figure = edn_field("vllm/inter-token", NESTED(Figure), default=UNAVAILABLE)
     end_to_end: Figure = edn_field("vllm/end-to-end", NESTED(Figure), default=UNAVAILABLE)
+    queue: Figure = edn_field("vllm/queue", NESTED(Figure), default=UNAVAILABLE)  # waiting in the server's queue
 
 
 @register

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import attrs
 
-from ._edn import Keyword, kw
+from ._edn import Edn, Keyword, kw
 
 
 @attrs.frozen
@@ -27,8 +27,8 @@ class Problem:
     def is_error(self) -> bool:
         return self.severity == "error"
 
-    def to_edn(self) -> dict[Keyword, Any]:
-        out: dict[Keyword, Any] = {kw("vllm/severity"): kw(self.severity), kw("vllm/code"): kw(self.code)}
+    def to_edn(self) -> dict[Keyword, Edn]:
+        out: dict[Keyword, Edn] = {kw("vllm/severity"): kw(self.severity), kw("vllm/code"): kw(self.code)}
         if self.field is not None:
             out[kw("vllm/field")] = kw(self.field)
         out[kw("vllm/msg")] = self.msg
@@ -39,14 +39,18 @@ class Problem:
         return out
 
     @classmethod
-    def from_edn(cls, m: dict[Keyword, Any]) -> "Problem":
+    def from_edn(cls, m: Mapping[Keyword, Edn]) -> "Problem":
         def name(k: str) -> str | None:
             v = m.get(kw(k))
-            return None if v is None else v.name
+            return v.name if isinstance(v, Keyword) else None if v is None else str(v)
+
+        def text(k: str) -> str | None:
+            v = m.get(kw(k))
+            return v if isinstance(v, str) else None
 
         return cls(severity=name("vllm/severity") or "error", code=name("vllm/code") or "unknown",
-                   msg=m.get(kw("vllm/msg"), ""), field=name("vllm/field"), engine=name("vllm/engine"),
-                   where=m.get(kw("vllm/where")))
+                   msg=text("vllm/msg") or "", field=name("vllm/field"), engine=name("vllm/engine"),
+                   where=text("vllm/where"))
 
     def __str__(self) -> str:
         loc = f"{self.where}: " if self.where else ""

@@ -16,7 +16,7 @@ K_MESSAGES = kw("vllm/messages")
 K_PROMPT = kw("vllm/prompt")
 
 
-def request_from_edn(m: Any, form: Form | None = None) -> tuple[Request | None, list[Problem]]:
+def request_from_edn(m: Edn, form: Form | None = None) -> tuple[Request | None, list[Problem]]:
     """A typed request from an EDN map, or None and the problems (located when `form` is given)."""
     where = form.where if form is not None else None
     if not isinstance(m, dict):

@@ -24,6 +24,12 @@ class ServerTimings:
     cached_n: int | None = None
     # A rate the engine computed itself, when it reports no duration (SGLang `decode_throughput`).
     predicted_per_s: float | None = None
+    # The prompt time is the span of the forward pass of the request's *batch* (SGLang): no
+    # per-request rate may be computed from it.
+    prompt_ms_is_batch: bool = False
+    queue_ms: float | None = None  # time the request waited in the server's queue
+    ttft_ms: float | None = None  # server-side arrival -> first token
+    e2e_ms: float | None = None  # server-side arrival -> finish
 
 
 @attrs.frozen
@@ -65,9 +71,12 @@ def llamacpp_server_timings(t: Any) -> ServerTimings | None:
 
 
 def sglang_server_timings(meta: Any) -> ServerTimings | None:
-    """SGLang `meta_info`: `prompt_tokens`, `completion_tokens`, `cached_tokens` always; with
-    `--enable-metrics` also `prefill_launch_latency` (s, the prefill forward of the request's batch)
-    and `decode_throughput` (tokens/s). `e2e_latency` mixes prefill into the wall clock: not a rate."""
+    """SGLang 0.5.23 `meta_info` (keys seen on its real serving layer): `prompt_tokens`,
+    `completion_tokens`, `cached_tokens` and `e2e_latency` (s; on the final chunk of a stream) always;
+    with `--enable-metrics` also `queue_time` (s), `first_token_latency` (s), `decode_throughput`
+    (tokens/s over the request's own first-token-to-finish span) and the realtime stamps
+    `forward_entry_time` / `prefill_finished_time` of the prefill forward pass of the request's
+    *batch*: a duration, never a per-request rate."""
     if not isinstance(meta, dict):
         return None
 
@@ -75,14 +84,19 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
         v = meta.get(k)
         return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
+    def ms(k: str) -> float | None:
+        v = num(k)
+        return v * 1000.0 if v is not None and v >= 0 else None
+
     prompt, cached = num("prompt_tokens"), num("cached_tokens")
-    launch = num("prefill_launch_latency")
     computed = prompt - cached if prompt is not None and cached is not None else prompt
-    return ServerTimings(
-        prompt_n=computed,
-        prompt_ms=launch * 1000.0 if launch is not None and launch > 0 else None,
-        predicted_n=num("completion_tokens"), cached_n=cached,
-        predicted_per_s=num("decode_throughput") if (num("decode_throughput") or 0) > 0 else None)
+    entered, prefilled = num("forward_entry_time"), num("prefill_finished_time")
+    prefill_ms = (prefilled - entered) * 1000.0 if entered and prefilled and prefilled >= entered else None
+    rate = num("decode_throughput")
+    return ServerTimings(prompt_n=computed, prompt_ms=prefill_ms, prompt_ms_is_batch=prefill_ms is not None,
+                         predicted_n=num("completion_tokens"), cached_n=cached,
+                         predicted_per_s=rate if rate is not None and rate > 0 else None,
+                         queue_ms=ms("queue_time"), ttft_ms=ms("first_token_latency"), e2e_ms=ms("e2e_latency"))
 
 
 def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:
@@ -95,7 +109,7 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     completion_n = s.predicted_n if s.predicted_n is not None else (usage.completion_tokens if usage else None)
 
     if s.prompt_ms is not None:
-        prefill = _fig(SERVER, s.prompt_n, s.prompt_ms, _rate(s.prompt_n, s.prompt_ms))
+        prefill = _fig(SERVER, s.prompt_n, s.prompt_ms, None if s.prompt_ms_is_batch else _rate(s.prompt_n, s.prompt_ms))
     elif prompt_n is not None:
         prefill = _fig(SERVER, prompt_n)  # a token count without a time: no rate claimed
     else:
@@ -104,7 +118,9 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     if s.predicted_ms is not None:
         decode = _fig(SERVER, s.predicted_n, s.predicted_ms, _rate(s.predicted_n, s.predicted_ms))
     elif s.predicted_per_s is not None:
-        decode = _fig(SERVER, completion_n, rate=round(s.predicted_per_s, 3))
+        # The engine's rate covers the tokens after the first: its span follows from it.
+        span = (completion_n - 1) * 1000.0 / s.predicted_per_s if completion_n is not None and completion_n > 1 else None
+        decode = _fig(SERVER, completion_n, span, round(s.predicted_per_s, 3))
     elif clock and clock.first_token is not None and clock.last_token is not None \
             and clock.last_token > clock.first_token:  # one chunk: no span was measured, not a zero one
         # Decode seen from the client: first to last token, over the tokens after the first
@@ -129,7 +145,13 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
             inter = _fig(CLIENT, tokens=len(gaps), ms=round(sum(gaps) / len(gaps), 3), gaps=gaps)
         if clock.done is not None:
             e2e = _fig(CLIENT, ms=(clock.done - clock.sent) * 1000.0)
-    return Timings(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e)
+    if s.ttft_ms is not None:
+        ttft = _fig(SERVER, ms=s.ttft_ms)
+    if s.e2e_ms is not None:
+        e2e = _fig(SERVER, ms=s.e2e_ms)
+    queue = _fig(SERVER, ms=s.queue_ms) if s.queue_ms is not None else UNAVAILABLE
+    return Timings(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e,
+                   queue=queue)
 
 
 def misleading_rate(completion_tokens: int | None, wall_ms: float | None) -> float | None:

@@ -78,11 +78,11 @@ class Cassette:
     def id(self) -> str:
         return f"{self.engine}/{self.name}"
 
-    def to_edn(self) -> dict[Keyword, Any]:
-        req: dict[Keyword, Any] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
+    def to_edn(self) -> dict[Keyword, Edn]:
+        req: dict[Keyword, Edn] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
         if self.request_body is not None:
             req.update(_bytes_entry("http/body", self.request_body))
-        resp: dict[Keyword, Any] = {kw("http/status"): self.status, kw("http/headers"): dict(self.headers)}
+        resp: dict[Keyword, Edn] = {kw("http/status"): self.status, kw("http/headers"): dict(self.headers)}
         if self.chunks is not None:
             texts = _utf8_all(self.chunks)
             if texts is not None:
@@ -97,7 +97,7 @@ class Cassette:
                 kw("cassette/expect"): self.expect}
 
 
-def _bytes_entry(key: str, raw: bytes) -> dict[Keyword, Any]:
+def _bytes_entry(key: str, raw: bytes) -> dict[Keyword, Edn]:
     try:
         return {kw(key): raw.decode("utf-8")}
     except UnicodeDecodeError:

@@ -24,7 +24,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Sequence
+from typing import IO, Any, Sequence, TypeVar
 
 import httpx
 
@@ -309,6 +309,9 @@ def _stop_all() -> None:
         p.stop()
 
 
+M = TypeVar("M", bound="_Managed")
+
+
 class _Managed(abc.ABC):
     """A child process with its output in a log file (never a pipe that can fill up)."""
 
@@ -431,8 +434,9 @@ class _Managed(abc.ABC):
         with _live_lock:
             _live.discard(self)
 
-    def __enter__(self) -> Any:
-        return self.start()
+    def __enter__(self: M) -> M:
+        self.start()
+        return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:

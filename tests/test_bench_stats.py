@@ -228,3 +228,23 @@ def test_server_cross_check_is_shown_with_its_ratio_and_a_disagreement_is_flagge
     assert "(bench/server 0.500)  DISAGREE" in render_table(rep2)
     ratio = to_edn(rep2)[kw("bench/results")][0][kw("bench/server-metrics")][kw("bench/bench-over-server")]
     assert ratio[kw("bench/prefill")] == 0.5 and ratio[kw("bench/decode")] == 1.0
+
+
+def test_server_rates_from_sglang_0_5_23_metrics() -> None:
+    """SGLang's own /metrics, recorded before and after the generation exchanges of its cassette set:
+    bench finds SGLang's counters and histograms (no "no known counters"), every figure from them."""
+    from kotoba_vllm.cassettes import cassette_body, load_cassettes
+    probes = {c.name: c for c in load_cassettes("sglang") if c.op == "probe"}
+    before = parse_counters(cassette_body(probes["metrics-start"]).decode())
+    after = parse_counters(cassette_body(probes["metrics"]).decode())
+    r = server_rates(before, after)
+    assert r.engine == "sglang" and r.problem is None, r
+    # a fresh server creates its token counters on first use: absent before the run means zero
+    assert "sglang:generation_tokens_total" not in before
+    gen, reqs = after["sglang:generation_tokens_total"], after["sglang:num_requests_total"]
+    assert r.decode.tokens == gen - reqs and r.decode.tokens > 0  # one first token per request is prefill's
+    assert r.decode.tokens_per_s is not None and r.decode.tokens_per_s > 0
+    stage = 'sglang:per_stage_req_latency_seconds_sum{stage="prefill_forward"}'
+    assert r.prefill.seconds == round(after[stage] - before[stage], 6) and r.prefill.tokens_per_s is not None
+    assert r.prefill.tokens == after["sglang:prompt_tokens_total"]  # no prefix-cache hit: no cached counter yet
+    assert "batch" in (r.note or "")  # a shared forward pass counted per request: said, not hidden

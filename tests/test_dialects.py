@@ -328,6 +328,45 @@ def test_sglang_incremental_stream_is_detected_and_concatenated() -> None:
     deltas, dec = feed_all("sglang", as_endpoint("generate"), payloads)
     assert [d.delta for d in deltas] == ["ab", "cd", "ef"] and dec.partial_text == "abcdef"
 
+
+def _gen_chunk(text: str, ids: list[int], done: int, fr: Any = None) -> str:
+    return json.dumps({"text": text, "output_ids": ids,
+                       "meta_info": {"id": "r", "finish_reason": fr, "prompt_tokens": 5, "completion_tokens": done}})
+
+
+def test_sglang_incremental_stream_that_repeats_its_text_keeps_every_piece() -> None:
+    """--incremental-streaming-output: " one", " one", " two" is three pieces, not a cumulative
+    stream that stood still; the chunk's output_ids (fewer than completion_tokens) say so."""
+    payloads = [_gen_chunk(" one", [7], 1), _gen_chunk(" one", [7], 2), _gen_chunk(" two", [8], 3, {"type": "length"})]
+    deltas, dec = feed_all("sglang", as_endpoint("generate"), payloads)
+    assert [d.delta for d in deltas] == [" one", " one", " two"] and dec.response().text == " one one two"
+
+
+def test_sglang_cumulative_stream_is_read_from_the_counts_too() -> None:
+    payloads = [_gen_chunk(" one", [7], 1), _gen_chunk(" one one", [7, 7], 2),
+                _gen_chunk(" one one two", [7, 7, 8], 3, {"type": "length"})]
+    deltas, dec = feed_all("sglang", as_endpoint("generate"), payloads)
+    assert [d.delta for d in deltas] == [" one", " one", " two"] and dec.response().text == " one one two"
+
+
+@pytest.mark.parametrize("fr,cls,reason", [
+    ({"type": "abort", "status_code": 503, "message": "The request queue is full."}, AdmissionRejected, "queue-full"),
+    ({"type": "abort", "status_code": 400, "message": "bad"}, BadRequest, None),
+    ({"type": "abort", "status_code": 503, "message": "The request is aborted by a higher priority request."},
+     ServerFailure, None),
+    ({"type": "abort", "message": "Abort in waiting queue"}, ServerFailure, None),
+])
+def test_sglang_abort_finish_reason_is_a_typed_error(fr: Any, cls: type, reason: Any) -> None:
+    """SGLang's scheduler ends a request with finish_reason type abort: an error, never an empty answer."""
+    dec = get_dialect("sglang").stream_decoder(as_endpoint("generate"), "http://h/generate")
+    dec.feed(_gen_chunk(" one", [7], 1))
+    with pytest.raises(cls) as ei:
+        dec.feed(_gen_chunk(" one", [7], 1, fr))
+    assert type(ei.value) is cls and ei.value.partial_text == " one" and ei.value.message == fr["message"]
+    assert getattr(ei.value, "reason", None) == reason and ei.value.status == fr.get("status_code")
+    with pytest.raises(cls):
+        get_dialect("sglang").parse(as_endpoint("generate"), json.loads(_gen_chunk("", [], 0, fr)), "http://h/generate")
+
 def test_llamacpp_native_stream_final_chunk_carries_server_timings() -> None:
     payloads = [json.dumps({"index": 0, "content": c, "tokens": [1], "stop": False, "id_slot": -1,
                             "tokens_predicted": i + 1, "tokens_evaluated": 5}) for i, c in enumerate(["He", "llo"])]

@@ -80,12 +80,37 @@ def test_sglang_meta_info_with_and_without_metrics() -> None:
     # e2e_latency holds prefill inside it: never turned into a rate
     assert t.prefill.tokens == 10 and t.prefill.tokens_per_s is None
     assert t.decode.tokens == 9 and t.decode.tokens_per_s is None and t.cached.tokens == 40
-    rich = sglang_server_timings({"prompt_tokens": 50, "completion_tokens": 9, "cached_tokens": 40,
-                                  "prefill_launch_latency": 0.02, "decode_throughput": 120.5})
-    t = build_timings(rich, None, ClientClock(sent=0, first_token=0.1, last_token=0.2, done=0.2))
-    assert (t.prefill.provenance, t.prefill.tokens, t.prefill.ms) == ("server-reported", 10, 20.0)
-    assert t.prefill.tokens_per_s == pytest.approx(500.0)
-    assert (t.decode.provenance, t.decode.tokens_per_s) == ("server-reported", 120.5)
+    assert (t.end_to_end.provenance, t.end_to_end.ms) == ("server-reported", 1500.0)
+    assert t.ttft.provenance == "unavailable" and t.queue.provenance == "unavailable"
+
+
+# meta_info of a non-stream /generate as SGLang 0.5.23 wrote it with --enable-metrics (recorded)
+META_0_5_23 = {"prompt_tokens": 5, "completion_tokens": 16, "cached_tokens": 0, "num_retractions": 0,
+               "forward_entry_time": 1796040558.793582, "prefill_finished_time": 1796040558.8324583,
+               "queue_time": 0.0007250419999991209, "e2e_latency": 0.3659509450000087,
+               "request_received_ts": 1796040558.7865102, "first_token_latency": 0.04594795642219651,
+               "request_finished_ts": 1796040559.1524613, "decode_throughput": 46.874562224135566}
+
+
+def test_sglang_0_5_23_metrics_keys_each_map_with_provenance() -> None:
+    t = build_timings(sglang_server_timings(META_0_5_23), None, ClientClock(sent=0, done=0.4))
+    # prefill: the forward pass of the request's batch -> a duration, never a per-request rate
+    assert (t.prefill.provenance, t.prefill.tokens) == ("server-reported", 5)
+    assert t.prefill.ms == pytest.approx(38.876, abs=0.01) and t.prefill.tokens_per_s is None
+    # decode: SGLang's own per-request rate over the tokens after the first; its span follows
+    assert (t.decode.provenance, t.decode.tokens, t.decode.tokens_per_s) == ("server-reported", 16, 46.875)
+    assert t.decode.ms == pytest.approx(15 * 1000 / 46.874562224135566, abs=0.01)
+    # a non-stream call still has a time to first token: the server's
+    assert (t.ttft.provenance, t.ttft.ms) == ("server-reported", pytest.approx(45.948, abs=0.001))
+    assert (t.queue.provenance, t.queue.ms) == ("server-reported", pytest.approx(0.725, abs=0.001))
+    assert (t.end_to_end.provenance, t.end_to_end.ms) == ("server-reported", pytest.approx(365.951, abs=0.001))
+
+
+def test_prefill_launch_latency_is_gone_in_0_5_23() -> None:
+    """The old key maps to nothing: no prefill duration is invented from it."""
+    t = build_timings(sglang_server_timings({"prompt_tokens": 5, "completion_tokens": 2,
+                                             "prefill_launch_latency": 0.02}), None, None)
+    assert t.prefill.ms is None
 
 
 def test_sglang_generate_response_carries_meta_timings() -> None:

@@ -38,7 +38,9 @@ MODELED: dict[str, frozenset[str]] = {
         "choices[].delta.content", "choices[].delta.reasoning_content", "choices[].delta.reasoning",
         "choices[].delta.tool_calls.*")),
     "llamacpp-native": frozenset(_LLAMA + ("content", "stop", "tokens_evaluated", "tokens_predicted", "model")),
-    "sglang-generate": frozenset(("text", "meta_info.*")),
+    "sglang-generate": frozenset(("text", "output_ids", "meta_info.*")),
+    # SGLang's scheduler ending a request (queue full among others): an error, read from its finish reason
+    "sglang-abort": frozenset(("text", "output_ids", "meta_info.*")),
     "embedding": frozenset(("data[].embedding", "data[].index", "model") + _USAGE),
     "tokenize": frozenset(("tokens", "tokens[].id")),
     "detokenize": frozenset(("prompt", "content", "text")),
@@ -110,6 +112,10 @@ def _shape(c: Cassette, endpoint: str | None, obj: Any) -> str:
         return "error"
     if c.op == "models":
         return "models"
+    if endpoint == "generate" and c.backend == "sglang" and isinstance(obj, dict):
+        fr = (obj.get("meta_info") or {}).get("finish_reason")
+        if isinstance(fr, dict) and fr.get("type") == "abort":
+            return "sglang-abort"
     if endpoint == "generate":
         return "sglang-generate" if c.backend == "sglang" else "llamacpp-native"
     if endpoint in ("embedding", "tokenize", "detokenize"):
@@ -150,12 +156,12 @@ def drift(c: Cassette) -> DriftReport | None:
     if not objs:
         return None
     shapes = {_shape(c, endpoint, o) for o in objs}
-    shape = "error" if "error" in shapes else shapes.pop()
+    shape = next((s for s in ("error", "sglang-abort") if s in shapes), None) or shapes.pop()
     modeled = MODELED[shape]
     seen: set[str] = set()
     for o in objs:
         oshape = _shape(c, endpoint, o)
-        seen.update(p for p in field_paths(o) if oshape == shape or oshape == "error")
+        seen.update(p for p in field_paths(o) if oshape == shape or oshape in ("error", "sglang-abort"))
     if c.backend in ENGINE_EXTRA and shape != "error":
         modeled = modeled | ENGINE_EXTRA[c.backend]
     unmodeled = sorted(p for p in seen if not _covered(p, modeled))

@@ -93,6 +93,19 @@ def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> d
     return out
 
 
+def _sglang_timings(meta: Any) -> dict[Keyword, Any]:
+    """Figures SGLang's `meta_info` reports itself (`--enable-metrics` adds all but `e2e_latency`)."""
+    if not isinstance(meta, dict):
+        return {}
+    has = {k for k, v in meta.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out = {}
+    for key, fig in (("decode_throughput", "vllm/decode"), ("first_token_latency", "vllm/ttft"),
+                     ("queue_time", "vllm/queue"), ("e2e_latency", "vllm/end-to-end")):
+        if key in has:
+            out[kw(fig)] = kw("server-reported")
+    return out
+
+
 def _payloads(raw: bytes) -> list[Any]:
     out = []
     for p in sse_payloads(raw):
@@ -108,6 +121,8 @@ def _payloads(raw: bytes) -> list[Any]:
 def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
     """Join the text of a stream the plain way (cumulative for SGLang /generate)."""
     text, reasoning, fr, usage, server_ms, n = "", "", None, None, False, 0
+    incremental = False
+    reported: dict[Keyword, Any] = {}
     tools: dict[int, dict[str, str]] = {}
     for obj in _payloads(raw):
         if not isinstance(obj, dict):
@@ -122,10 +137,22 @@ def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
         if isinstance(obj.get("timings"), dict) and "prompt_ms" in obj["timings"]:
             server_ms = True
         if endpoint == "generate" and engine == "sglang":
-            t = obj.get("text") or ""
-            text = t if t.startswith(text) else text + t
             meta = obj.get("meta_info") or {}
+            abort = meta.get("finish_reason")
+            if isinstance(abort, dict) and abort.get("type") == "abort":  # the scheduler ended the request
+                code = abort.get("status_code")
+                e = error_expect(code if isinstance(code, int) else None,
+                                 {"error": {"message": abort.get("message"), "type": "abort"}}, None)
+                e[kw("expect/partial-text")] = text
+                return {kw("expect/error"): e}
+            t = obj.get("text") or ""
+            ids = obj.get("output_ids")
+            # incremental (--incremental-streaming-output) when a chunk holds fewer ids than generated so far
+            if isinstance(ids, list) and isinstance(meta.get("completion_tokens"), int):
+                incremental = len(ids) < meta["completion_tokens"]
+            text = text + t if incremental else t
             fr = _fr(meta.get("finish_reason")) or fr
+            reported = _sglang_timings(meta)  # the final chunk says what the answer reports
             if isinstance(meta.get("prompt_tokens"), int):
                 usage = {kw("vllm/prompt-tokens"): meta["prompt_tokens"],
                          kw("vllm/completion-tokens"): meta.get("completion_tokens")}
@@ -163,7 +190,7 @@ def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
     if tools:
         out[kw("expect/tool-calls")] = [{kw("vllm/name"): t["name"], kw("vllm/arguments"): t["arguments"]}
                                         for _, t in sorted(tools.items())]
-    out[kw("expect/timings")] = _timings_expect(server_ms, bool(usage), bool(text or reasoning))
+    out[kw("expect/timings")] = {**_timings_expect(server_ms, bool(usage), bool(text or reasoning)), **reported}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -183,6 +210,7 @@ def body_expect(endpoint: str, engine: str, obj: Any) -> dict[Keyword, Any]:
         return {kw("expect/embeddings"): len(data),
                 kw("expect/dims"): len(data[0].get("embedding") or []) if data else 0}
     server_ms = isinstance(obj.get("timings"), dict) and "prompt_ms" in obj["timings"]
+    reported: dict[Keyword, Any] = {}
     if endpoint == "generate" and engine == "sglang":
         meta = obj.get("meta_info") or {}
         out[kw("expect/text")] = obj.get("text")
@@ -190,6 +218,7 @@ def body_expect(endpoint: str, engine: str, obj: Any) -> dict[Keyword, Any]:
         out[kw("expect/usage")] = {kw("vllm/prompt-tokens"): meta.get("prompt_tokens"),
                                    kw("vllm/completion-tokens"): meta.get("completion_tokens")}
         has_counts = True
+        reported = _sglang_timings(meta)
     elif endpoint == "generate":
         out[kw("expect/text")] = obj.get("content")
         st = obj.get("stop_type")
@@ -218,7 +247,7 @@ def body_expect(endpoint: str, engine: str, obj: Any) -> dict[Keyword, Any]:
         out[kw("expect/choices")] = len(choices)
         out[kw("expect/usage")] = _usage(obj.get("usage"))
         has_counts = out[kw("expect/usage")] is not None
-    out[kw("expect/timings")] = _timings_expect(server_ms, has_counts, False)
+    out[kw("expect/timings")] = {**_timings_expect(server_ms, has_counts, False), **reported}
     return {k: v for k, v in out.items() if v is not None}
 
 

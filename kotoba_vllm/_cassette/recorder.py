@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +40,9 @@ class Exchange:
     method: str = "GET"
     path: str = ""
     body: bytes | None = None
+    # Long requests kept in flight while this exchange is sent (the server's queue is then busy or
+    # full); consecutive exchanges with the same load share it.
+    load: int = 0
 
 
 def _m(**kv: Any) -> dict[Keyword, Any]:
@@ -123,6 +128,108 @@ def engine_exchanges(engine: str, model: str) -> list[Exchange]:
     return out
 
 
+def sglang_exchanges(model: str, which: str = "default") -> list[Exchange]:
+    """The SGLang set, for a server started by `scripts/record-sglang` (`--enable-metrics`, one
+    running and one queued request at most). `incremental`: the `/generate` streams of a server
+    with `--incremental-streaming-output`. Queue-full exchanges run with two long requests in
+    flight (one running, one queued), so the next one meets SGLang's own queue limit."""
+    s = {**sampling(16), kw("vllm/temperature"): 0.0}
+    gen = _edn("generate", prompt="The capital of France is", model=model, sampling=s)
+    stream = {kw("vllm/stream"): True}
+    if which == "router":  # sglang-router in front, one request at a time, no queue: its own 429
+        return [Exchange("429-sglang-router-stream", "send",
+                         {**_edn("chat", messages=_chat("hi"), model=model, sampling=s), **stream}, load=1),
+                Exchange("429-sglang-router-generate", "send", _edn("generate", prompt="hi", model=model), load=1)]
+    if which == "incremental":
+        return [Exchange("generate-stream-incremental", "send", {**gen, **stream}),
+                Exchange("generate-queue-full-stream-incremental", "send", {**gen, **stream}, load=2)]
+    chat = _edn("chat", messages=_chat("Say hello."), model=model, sampling=s)
+    comp = _edn("completion", prompt="Once upon a time", model=model, sampling=s)
+    too_long = {kw("vllm/sampling"): {**s, kw("vllm/max-tokens"): 10_000_000}}
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 80)
+    over = _edn("generate", prompt=long_prompt, model=model, sampling=s)
+    return [
+        Exchange("health", "health", method="GET", path="/health"),
+        # counters before any generation: with `metrics` below, the run a bench would compare against
+        Exchange("metrics-start", "probe", method="GET", path="/metrics"),
+        Exchange("models", "models", method="GET", path="/v1/models"),
+        Exchange("server-info", "probe", method="GET", path="/server_info"),
+        Exchange("tokenize", "send", _edn("tokenize", text="Hello, world", model=model)),
+        Exchange("detokenize", "send", _edn("detokenize", tokens=[40, 41, 42, 43], model=model)),
+        Exchange("generate", "send", gen),
+        Exchange("generate-stream", "send", {**gen, **stream}),
+        Exchange("chat", "send", chat),
+        Exchange("chat-stream", "send", {**chat, **stream}),
+        Exchange("completion", "send", comp),
+        Exchange("completion-stream", "send", {**comp, **stream}),
+        Exchange("error-context-length", "send", {**chat, **too_long}),
+        Exchange("error-context-length-stream", "send", {**chat, **too_long, **stream}),
+        Exchange("completion-error-context-length", "send", {**comp, **too_long}),
+        Exchange("completion-error-context-length-stream", "send", {**comp, **too_long, **stream}),
+        Exchange("error-prompt-too-long", "send", {**chat, kw("vllm/messages"): _chat(long_prompt)}),
+        Exchange("error-prompt-too-long-stream", "send", {**chat, kw("vllm/messages"): _chat(long_prompt), **stream}),
+        Exchange("completion-error-prompt-too-long", "send", {**comp, kw("vllm/prompt"): long_prompt}),
+        Exchange("completion-error-prompt-too-long-stream", "send", {**comp, kw("vllm/prompt"): long_prompt, **stream}),
+        Exchange("generate-error", "send", over),
+        Exchange("generate-error-stream", "send", {**over, **stream}),
+        Exchange("generate-error-max-new-tokens", "send", {**gen, **too_long}),
+        Exchange("metrics", "probe", method="GET", path="/metrics"),
+        Exchange("metrics-busy", "probe", method="GET", path="/metrics", load=2),
+        Exchange("queue-full", "send", chat, load=2),
+        Exchange("queue-full-stream", "send", {**chat, **stream}, load=2),
+        Exchange("completion-queue-full", "send", comp, load=2),
+        Exchange("completion-queue-full-stream", "send", {**comp, **stream}, load=2),
+        Exchange("generate-queue-full", "send", gen, load=2),
+        Exchange("generate-queue-full-stream", "send", {**gen, **stream}, load=2),
+    ]
+
+
+# A load request: long enough (480 tokens, within the 512-token context, at the fake scheduler's 20 ms a step) to outlast a group
+# of queue-full exchanges; `ignore_eos` keeps it from stopping early. Sent raw, never recorded.
+LOAD_BODY = {"text": "load", "sampling_params": {"max_new_tokens": 480, "ignore_eos": True, "temperature": 0.0}}
+
+
+class _Load:
+    """`n` long `/generate` requests in flight, each on its own thread and connection; each is started
+    once the server's own gauges show the one before it (a loaded machine delays them by seconds)."""
+
+    GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+
+    def __init__(self, base_url: str, n: int) -> None:
+        self.threads = [threading.Thread(target=self._one, args=(base_url,), daemon=True) for _ in range(n)]
+        for i, t in enumerate(self.threads, 1):
+            t.start()
+            self._wait_for(base_url, i)
+
+    def _wait_for(self, base_url: str, n: int, limit_s: float = 30.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                text = httpx.get(base_url.rstrip("/") + "/metrics", headers={"accept-encoding": "identity"},
+                                 timeout=5.0).text
+            except httpx.HTTPError:
+                continue
+            seen = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(self.GAUGES)]
+            if sum(seen) >= n:
+                return
+            if not seen and time.monotonic() > deadline - limit_s + 0.5:
+                # No engine gauges (a router): half a second on loopback, and short enough that a
+                # router's token bucket (sglang-router refills one a second) has not refilled.
+                return
+
+    @staticmethod
+    def _one(base_url: str) -> None:
+        try:
+            httpx.post(base_url.rstrip("/") + "/generate", json=LOAD_BODY, timeout=RECORD_TIMEOUT)
+        except httpx.HTTPError:
+            pass
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(timeout=60)
+
+
 # Where each engine says what it is.
 VERSION_PROBES = {"vllm": ("/version", "version"), "sglang": ("/server_info", "version")}
 
@@ -143,6 +250,8 @@ def _wire(ex: Exchange, backend: str) -> tuple[str, str, bytes | None, str | Non
 def capture(client: httpx.Client, base_url: str, method: str, path: str,
             body: bytes | None) -> tuple[int, dict[str, str], list[bytes]]:
     headers = {"content-type": "application/json", "accept": "application/json"} if body is not None else {}
+    # Uncompressed: the bytes are kept as read (iter_raw), and SGLang's /metrics gzips when asked.
+    headers["accept-encoding"] = "identity"
     with client.stream(method, base_url.rstrip("/") + path, content=body, headers=headers) as r:
         chunks = [c for c in r.iter_raw() if c]
         kept = {k: r.headers[k] for k in KEPT_HEADERS if k in r.headers and k not in ("content-length",
@@ -170,7 +279,10 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
     with httpx.Client(timeout=RECORD_TIMEOUT, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         reported = server_build(client, base_url, engine)
         fingerprint = None
-        for ex in exchanges:
+        load: _Load | None = None
+        for i, ex in enumerate(exchanges):
+            if ex.load and load is None:
+                load = _Load(base_url, ex.load)
             method, path, body, endpoint = _wire(ex, engine)
             status, headers, chunks = capture(client, base_url, method, path, body)
             ctype = headers.get("content-type", "")
@@ -191,6 +303,9 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
                                 body=None if streaming else raw, chunks=tuple(chunks) if streaming else None,
                                 expect=expect))
             log(f"{ex.name}: HTTP {status} {method} {path} ({len(chunks)} chunk(s), {len(raw)} bytes)")
+            if load is not None and (i + 1 == len(exchanges) or exchanges[i + 1].load != ex.load):
+                load.join()
+                load = None
     prov = {kw("cassette/how"): kw("recorded"), kw("cassette/engine-version"): reported or fingerprint or "unknown",
             kw("cassette/build"): build or "unknown", kw("cassette/date"): now,
             kw("cassette/source"): source or f"live {engine} server at {base_url}"}

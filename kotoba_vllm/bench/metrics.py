@@ -4,7 +4,14 @@ llama.cpp (`--metrics`): `llamacpp:prompt_tokens_total`, `llamacpp:prompt_second
 `llamacpp:tokens_predicted_total`, `llamacpp:tokens_predicted_seconds_total` — the same per-request
 prompt/predicted times its `timings` report, summed. vLLM: `vllm:prompt_tokens_total`,
 `vllm:generation_tokens_total` and the `_sum` of `vllm:request_prefill_time_seconds` /
-`vllm:request_decode_time_seconds` (mapping read from vLLM's docs, not verified live here)."""
+`vllm:request_decode_time_seconds` (mapping read from vLLM's docs, not verified live here).
+SGLang 0.5.23 (`--enable-metrics`, names seen on its real serving layer): prefill is
+`sglang:prompt_tokens_total` minus `sglang:cached_tokens_total` over the `prefill_forward` stage of
+`sglang:per_stage_req_latency_seconds` — each request observes the forward pass of its whole
+*batch*, so the sum counts a shared pass once per request (a per-request rate, below the server's
+batch throughput); decode is `sglang:generation_tokens_total` minus one first token per request
+(`sglang:num_requests_total`) over `sglang:e2e_request_latency_seconds` minus
+`sglang:time_to_first_token_seconds` (sums of per-request spans)."""
 
 from __future__ import annotations
 
@@ -13,13 +20,35 @@ from typing import Mapping
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
-# rate name -> (token counter, seconds counter), per engine; first engine whose four are present wins
-COUNTERS: dict[str, dict[str, tuple[str, str]]] = {
-    "llamacpp": {"prefill": ("llamacpp:prompt_tokens_total", "llamacpp:prompt_seconds_total"),
-                 "decode": ("llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted_seconds_total")},
-    "vllm": {"prefill": ("vllm:prompt_tokens_total", "vllm:request_prefill_time_seconds_sum"),
-             "decode": ("vllm:generation_tokens_total", "vllm:request_decode_time_seconds_sum")},
+# A figure is a signed sum of samples: ((+1, "a"), (-1, "b")) is a - b.
+Terms = tuple[tuple[int, str], ...]
+
+
+def _one(name: str) -> Terms:
+    return ((1, name),)
+
+
+# rate name -> (tokens, seconds), per engine; the first engine whose samples are all present wins
+COUNTERS: dict[str, dict[str, tuple[Terms, Terms]]] = {
+    "llamacpp": {"prefill": (_one("llamacpp:prompt_tokens_total"), _one("llamacpp:prompt_seconds_total")),
+                 "decode": (_one("llamacpp:tokens_predicted_total"),
+                            _one("llamacpp:tokens_predicted_seconds_total"))},
+    "vllm": {"prefill": (_one("vllm:prompt_tokens_total"), _one("vllm:request_prefill_time_seconds_sum")),
+             "decode": (_one("vllm:generation_tokens_total"), _one("vllm:request_decode_time_seconds_sum"))},
+    "sglang": {"prefill": (((1, "sglang:prompt_tokens_total"), (-1, "sglang:cached_tokens_total")),
+                           _one('sglang:per_stage_req_latency_seconds_sum{stage="prefill_forward"}')),
+               "decode": (((1, "sglang:generation_tokens_total"), (-1, "sglang:num_requests_total")),
+                          ((1, "sglang:e2e_request_latency_seconds_sum"),
+                           (-1, "sglang:time_to_first_token_seconds_sum")))},
 }
+# Counters a server creates on first use (prometheus labels): absent means zero, not unknown. SGLang
+# shows no `cached_tokens_total` before a prefix-cache hit.
+ZERO_UNTIL_USED = frozenset({"sglang:cached_tokens_total"})
+# What each engine's figures are, where that is not plain per-request time.
+NOTES = {"sglang": "prefill seconds are the batch's forward pass, counted once per request in it: a per-request "
+                   "rate, not the server's batch throughput"}
+# Labels whose value splits a sample into figures of different meaning (SGLang's request stages).
+SPLIT_LABELS = ("stage",)
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -28,6 +57,10 @@ def parse_counters(text: str) -> dict[str, float]:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             out[s.name] = out.get(s.name, 0.0) + float(s.value)
+            for label in SPLIT_LABELS:  # also by the label's value: `name{stage="prefill_forward"}`
+                if label in s.labels:
+                    key = f'{s.name}{{{label}="{s.labels[label]}"}}'
+                    out[key] = out.get(key, 0.0) + float(s.value)
     return out
 
 
@@ -46,6 +79,7 @@ class ServerRates:
     prefill: Rate
     decode: Rate
     problem: str | None = None  # why the rates are unavailable (nil numbers, never zeros)
+    note: str | None = None  # what the figures are, where that is not plain per-request time
 
 
 NONE = Rate(None, None, None)
@@ -55,19 +89,25 @@ def unavailable(problem: str) -> ServerRates:
     return ServerRates(None, NONE, NONE, problem)
 
 
-def _delta(before: Mapping[str, float], after: Mapping[str, float], tok: str, sec: str) -> Rate:
-    dt, ds = after[tok] - before[tok], after[sec] - before[sec]
-    return Rate(round(dt, 3), round(ds, 6), round(dt / ds, 3) if ds > 0 else None)
+def _sum(snapshot: Mapping[str, float], terms: Terms) -> float:
+    return sum(sign * snapshot.get(name, 0.0) for sign, name in terms)
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], tok: Terms, sec: Terms) -> Rate:
+    dt, ds = _sum(after, tok) - _sum(before, tok), _sum(after, sec) - _sum(before, sec)
+    return Rate(round(dt, 3), round(ds, 6), round(dt / ds, 3) if ds > 0 and dt >= 0 else None)
 
 
 def server_rates(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> ServerRates:
     if before is None or after is None:
         return unavailable("metrics endpoint not readable before and after the run")
     for engine, pairs in COUNTERS.items():
-        names = [n for pair in pairs.values() for n in pair]
-        if all(n in before and n in after for n in names):
-            rates = {k: _delta(before, after, *pair) for k, pair in pairs.items()}
-            if any(r.tokens is not None and r.tokens < 0 for r in rates.values()):
+        names = [n for pair in pairs.values() for terms in pair for _, n in terms]
+        # After the run every figure exists (or is one a server only creates on first use); before it, a
+        # counter not created yet is zero: a fresh server's first run is measurable too.
+        if all(n in after or n in ZERO_UNTIL_USED for n in names):
+            if any(after.get(n, 0.0) < before.get(n, 0.0) for n in names):
                 return unavailable("counters went backwards (server restarted during the run)")
-            return ServerRates(engine, rates["prefill"], rates["decode"])
+            rates = {k: _delta(before, after, *pair) for k, pair in pairs.items()}
+            return ServerRates(engine, rates["prefill"], rates["decode"], note=NOTES.get(engine))
     return unavailable("no known prefill/decode counters in the metrics")

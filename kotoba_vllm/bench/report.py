@@ -45,6 +45,8 @@ def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Any, Any]
         return _k({PROV: kw("unavailable"), "bench/problem": s.problem})
     out = {PROV: kw("server-reported"), "bench/source": f"{s.engine} /metrics counter deltas over the run",
            "bench/prefill": _rate(s.prefill), "bench/decode": _rate(s.decode)}
+    if s.note is not None:
+        out["bench/note"] = s.note
     if row is not None:  # bench's pooled rate over the server's, per phase
         out["bench/bench-over-server"] = _k({
             "bench/prefill": _ratio(row.prefill.tokens_per_s, s.prefill.tokens_per_s),
@@ -160,6 +162,8 @@ def render_table(report: BenchReport) -> str:
                      + _agree(s.decode.tokens_per_s, sd))
         if sv is not None and sv.problem:
             lines.append(f"    server /metrics: unavailable ({sv.problem})")
+        elif sv is not None and sv.note:
+            lines.append(f"    server /metrics: {sv.note}")
         m = s.misleading
         lines.append(f"    MISLEADING completion_tokens / wall_clock = {_f(m.completion_tokens)} / {_f(m.wall_s, 3)} s"
                      f" = {_f(m.tokens_per_s)} tok/s  <- prefill and queueing sit inside the wall clock;"

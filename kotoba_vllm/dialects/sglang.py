@@ -1,10 +1,12 @@
 """SGLang: its OpenAI-compatible routes and the native `/generate`.
 
-Facts this module encodes (read from SGLang 0.5.x source): `/generate` takes
-`sampling_params` with `max_new_tokens`, rejects unknown sampling keys, names the seed
-`sampling_seed` and wants `json_schema` as a JSON *string*; it streams **cumulative**
-text by default, so deltas are derived, not concatenated; errors inside the stream
-arrive as `data: {"error": ...}`; a full queue answers 503 "The request queue is full."
+Facts this module encodes (SGLang 0.5.23, recorded from its real serving layer): `/generate`
+takes `sampling_params` with `max_new_tokens`, rejects unknown sampling keys, names the seed
+`sampling_seed` and wants `json_schema` as a JSON *string*; it streams **cumulative** text by
+default and disjoint pieces with `--incremental-streaming-output` (told apart by `output_ids`
+against `meta_info.completion_tokens`); errors inside the stream arrive as `data: {"error": ...}`,
+but a scheduler abort (the full queue among them) arrives as a chunk whose
+`meta_info.finish_reason` is `{"type": "abort", "status_code": 503, "message": ...}`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .._errors import ProtocolError
 from .._model import Choice, GenerateRequest, Request, Response, Sampling, StreamDelta, Usage
 from .._timings import ClientClock, ServerTimings, build_timings, sglang_server_timings
 from .openai import ChunkStream, Dialect, int_or_none, reason_text, schema_json, str_or_none
-from ._http import HttpRequest
+from ._http import HttpRequest, ServerError, stream_error
 
 SGLANG_OPENAI_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                                     "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs",
@@ -121,6 +123,9 @@ class SglangDialect(Dialect):
             raise ProtocolError("SGLang /generate answer has no text", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
         meta = obj.get("meta_info") or {}
+        abort = abort_error(meta.get("finish_reason"), obj, endpoint_url, None)
+        if abort is not None:
+            raise abort
         usage = self.native_usage(obj)
         choice = Choice(index=0, text=obj.get("text"), finish_reason=reason_text(meta.get("finish_reason")))
         return Response(text=choice.text, choices=(choice,), id=str_or_none(meta.get("id")), model=req.model,
@@ -134,15 +139,29 @@ class SglangDialect(Dialect):
         return ChunkStream(self, req, endpoint_url)
 
 
+def abort_error(finish_reason: Any, obj: dict[str, Any], endpoint_url: str | None,
+                partial_text: str | None) -> ServerError | None:
+    """A `finish_reason` of type `abort` is the scheduler ending the request: a typed error (the
+    status code and message are the scheduler's own; 503 "The request queue is full." is admission)."""
+    if not isinstance(finish_reason, dict) or finish_reason.get("type") != "abort":
+        return None
+    err = {"message": finish_reason.get("message") or "request aborted by the server",
+           "code": finish_reason.get("status_code"), "type": "abort"}
+    return stream_error({"error": err}, endpoint_url, partial_text, raw=json.dumps(obj))
+
+
 class GenerateStream(ChunkStream):
-    """`/generate` stream: each chunk holds the whole text so far; the delta is the new suffix.
-    With `--incremental-streaming-output` chunks are disjoint: detected when a chunk does not
-    extend the text so far."""
+    """`/generate` stream. By default each chunk holds the whole text so far (the delta is the new
+    suffix); with `--incremental-streaming-output` chunks are disjoint. The chunk says which:
+    `output_ids` holds every token so far when cumulative, fewer than `meta_info.completion_tokens`
+    when incremental. Without those counts a chunk that does not extend the text so far is incremental.
+    An abort finish reason (the full queue among them) is a typed error, never an empty answer."""
 
     def __init__(self, dialect: SglangDialect, req: Request, endpoint_url: str | None) -> None:
         super().__init__(dialect, req, endpoint_url)
         self.text = ""
         self.last_obj: dict[str, Any] | None = None
+        self.incremental = False
 
     payload_key: ClassVar[str] = "text"
 
@@ -151,14 +170,22 @@ class GenerateStream(ChunkStream):
         return self.text
 
     def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
+        meta = obj.get("meta_info") or {}
+        abort = abort_error(meta.get("finish_reason"), obj, self.endpoint_url, self.text)
+        if abort is not None:
+            raise abort
         chunk_text = obj.get("text")
         chunk_text = chunk_text if isinstance(chunk_text, str) else ""
-        if chunk_text.startswith(self.text):
-            delta, self.text = chunk_text[len(self.text):], chunk_text
-        else:
+        ids, done = obj.get("output_ids"), int_or_none(meta.get("completion_tokens"))
+        if isinstance(ids, list) and done is not None:
+            self.incremental = len(ids) < done
+        elif not chunk_text.startswith(self.text):  # no counts: cumulative text always extends
+            self.incremental = True
+        if self.incremental:
             delta, self.text = chunk_text, self.text + chunk_text
+        else:
+            delta, self.text = chunk_text[len(self.text):], chunk_text
         self.last_obj = obj
-        meta = obj.get("meta_info") or {}
         fr = reason_text(meta.get("finish_reason"))
         if delta or fr is not None:
             return [StreamDelta(delta=delta, finish_reason=fr, index=0)]

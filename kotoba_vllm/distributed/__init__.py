@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._edn import EdnError, read_file
+from .._edn import Edn, EdnError, read_file
 from .._problems import Problem
 from ._emit import Command, commands_to_edn, emit, flags_of, shell_lines
 from ._flags import EngineFlags, engine_flags
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-def _read(path: str) -> tuple[Any, Locator | None, list[Problem]]:
+def _read(path: str) -> tuple[Edn, Locator | None, list[Problem]]:
     try:
         forms = read_file(path)
     except (EdnError, OSError) as e:

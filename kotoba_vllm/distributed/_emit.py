@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from ._planner import Plan
 
 RAY_PORT = 6379
@@ -31,8 +31,8 @@ class Command:
     env: tuple[tuple[str, str], ...] = ()
     address: str = ""
 
-    def to_edn(self) -> dict[Keyword, Any]:
-        out: dict[Keyword, Any] = {kw("cmd/node"): self.node, kw("cmd/role"): kw(self.role),
+    def to_edn(self) -> dict[Keyword, Edn]:
+        out: dict[Keyword, Edn] = {kw("cmd/node"): self.node, kw("cmd/role"): kw(self.role),
                                    kw("cmd/argv"): list(self.argv)}
         if self.env:
             out[kw("cmd/env")] = {k: v for k, v in self.env}
@@ -119,7 +119,7 @@ def emit(plan: Plan, binaries: Mapping[str, str] | None = None) -> list[Command]
     return EMITTERS[plan.engine](plan, {**BINARIES, **(binaries or {})})
 
 
-def commands_to_edn(cmds: Sequence[Command]) -> list[dict[Keyword, Any]]:
+def commands_to_edn(cmds: Sequence[Command]) -> list[dict[Keyword, Edn]]:
     return [c.to_edn() for c in cmds]
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from .._problems import Problem
 from ._spec import DistSpec, LinkObservation, NodeSpec
 
@@ -55,7 +55,7 @@ class Plan:
     layers: int
     why: tuple[str, ...]
 
-    def to_edn(self) -> dict[Keyword, Any]:
+    def to_edn(self) -> dict[Keyword, Edn]:
         def pair(b: tuple[str, str]) -> list[str]:
             return [b[0], b[1]]
 
@@ -201,17 +201,17 @@ def spans(counts: Sequence[int]) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- plan
 
 
-def _problem(code: str, msg: str, field: str | None, path: tuple[Any, ...],
-             where: Callable[[Sequence[Any]], str | None], severity: str = "error") -> Problem:
+def _problem(code: str, msg: str, field: str | None, path: tuple[str | int, ...],
+             where: Callable[[Sequence[str | int]], str | None], severity: str = "error") -> Problem:
     return Problem(severity, code, msg, field=field, where=where(path))
 
 
-def _no_where(path: Sequence[Any]) -> str | None:
+def _no_where(path: Sequence[str | int]) -> str | None:
     return None
 
 
 def plan(spec: DistSpec, engine: str | None = None,
-         where: Callable[[Sequence[Any]], str | None] = _no_where) -> tuple[Plan | None, list[Problem]]:
+         where: Callable[[Sequence[str | int]], str | None] = _no_where) -> tuple[Plan | None, list[Problem]]:
     """A plan, or the problems that stop one. `engine` overrides `:dist/engine`."""
     eng = engine or spec.engine or "vllm"
     nodes, m, n = spec.nodes, spec.model, len(spec.nodes)

@@ -32,7 +32,7 @@ STRATEGIES = ("auto", "tensor", "pipeline", "expert")
 # How a link number was obtained; only the first is evidence (seed: a claim is not a measurement).
 LINK_METHODS = ("receiver-verified", "unverified-transfer", "instrument-limited", "nominal")
 
-Path = tuple[Any, ...]  # ("dist/nodes", 1, "node/memory-bytes"): where in the spec a problem is
+Path = tuple[str | int, ...]  # ("dist/nodes", 1, "node/memory-bytes"): where in the spec a problem is
 
 
 def _f(key: str, kind: str, required: bool = False, default: Any = None) -> Any:
@@ -121,10 +121,10 @@ TABLES: dict[type, dict[str, _Key]] = {c: _table(c) for c in (ModelSpec, NodeSpe
 class Locator:
     """`file:line:column` of a key path inside a located form (None when unknown)."""
 
-    def __init__(self, root: Any, form: Form | None = None) -> None:
+    def __init__(self, root: Edn, form: Form | None = None) -> None:
         self.root, self.form = root, form
 
-    def __call__(self, path: Sequence[Any]) -> str | None:
+    def __call__(self, path: Sequence[str | int]) -> str | None:
         if self.form is None:
             return None
         best = self.form.where
@@ -153,7 +153,7 @@ class Locator:
         return None
 
 
-def _no_where(path: Sequence[Any]) -> str | None:
+def _no_where(path: Sequence[str | int]) -> str | None:
     return None
 
 
@@ -170,15 +170,15 @@ KIND_TEXT = {
 }
 
 
-def _is_int(v: Any) -> TypeGuard[int]:
+def _is_int(v: Edn) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def _is_num(v: Edn) -> TypeGuard[int | float]:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and v == v
 
 
-_SCALAR_OK: dict[str, Callable[[Any], bool]] = {
+_SCALAR_OK: dict[str, Callable[[Edn], bool]] = {
     "str": lambda v: isinstance(v, str) and v != "",
     "pos-int": lambda v: _is_int(v) and v > 0,
     "nat-int": lambda v: _is_int(v) and v >= 0,
@@ -194,14 +194,14 @@ _SCALAR_OK: dict[str, Callable[[Any], bool]] = {
 
 
 class _V:
-    def __init__(self, where: Callable[[Sequence[Any]], str | None]) -> None:
+    def __init__(self, where: Callable[[Sequence[str | int]], str | None]) -> None:
         self.where = where
         self.problems: list[Problem] = []
 
-    def err(self, code: str, msg: str, field: str | None, path: Sequence[Any], severity: str = "error") -> None:
+    def err(self, code: str, msg: str, field: str | None, path: Sequence[str | int], severity: str = "error") -> None:
         self.problems.append(Problem(severity, code, msg, field=field, where=self.where(path)))
 
-    def map(self, m: Any, cls: type, path: Path, label: str) -> None:
+    def map(self, m: Edn, cls: type, path: Path, label: str) -> None:
         if not isinstance(m, dict):
             self.err("dist/shape", f"{label} must be a map", None, path)
             return
@@ -225,7 +225,7 @@ class _V:
             if key.required and name not in seen:
                 self.err("dist/missing-key", f"{label}: :{name} is required ({KIND_TEXT[key.kind]})", name, path)
 
-    def value(self, v: Any, kind: str, path: Path, field: str) -> None:
+    def value(self, v: Edn, kind: str, path: Path, field: str) -> None:
         ok = _SCALAR_OK.get(kind)
         if ok is not None:
             if not ok(v):
@@ -281,7 +281,7 @@ def _cross_checks(raw: dict[Any, Any], v: _V) -> None:
         v.err("dist/missing-key", ":dist/model needs :model/path or :model/repo", "model/path", ("dist/model",))
 
 
-def validate(raw: Any, where: Callable[[Sequence[Any]], str | None] = _no_where) -> list[Problem]:
+def validate(raw: Edn, where: Callable[[Sequence[str | int]], str | None] = _no_where) -> list[Problem]:
     """Every problem of a raw EDN spec (empty when it is well formed)."""
     v = _V(where)
     v.map(raw, DistSpec, (), "spec")
@@ -329,7 +329,7 @@ def _names_to_keys(v: Any) -> Any:
     return v
 
 
-def spec_from_edn(raw: Any, form: Form | None = None) -> tuple[DistSpec | None, list[Problem]]:
+def spec_from_edn(raw: Edn, form: Form | None = None) -> tuple[DistSpec | None, list[Problem]]:
     """Validate then structure. A spec with any `:error` problem gives no `DistSpec`."""
     problems = validate(raw, Locator(raw, form))
     if any(p.is_error for p in problems):

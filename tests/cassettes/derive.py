@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
@@ -420,7 +422,18 @@ def sglang() -> list[Cassette]:
                                                "length (131072 tokens)."}})))
     out.append(make(E, E, P, Exchange("metrics", "probe", method="GET", path="/metrics"), 200,
                     {"content-type": "text/plain; version=0.0.4; charset=utf-8"}, SGL_METRICS.encode()))
-    return out
+    # Everything else is recorded from SGLang 0.5.23's real serving layer (scripts/record-sglang); these
+    # depend on a model's output and parsers, which the fake scheduler does not have.
+    note = {kw("cassette/note"): SGL_STILL_DERIVED_NOTE}
+    return [attrs.evolve(c, provenance={**c.provenance, **note}) for c in out if c.name in SGL_STILL_DERIVED]
+
+
+SGL_STILL_DERIVED = ("chat-logprobs", "chat-reasoning", "chat-reasoning-stream", "chat-tool-calls")
+SGL_STILL_DERIVED_NOTE = (
+    "still derived: recording tried with scripts/record-sglang (SGLang 0.5.23's real serving layer, scheduler "
+    "faked); logprobs, reasoning and tool calls come from a real model's output, its logprob computation and a "
+    "--reasoning-parser / --tool-call-parser matched to that model, which the fake scheduler (a fixed token "
+    "pattern, no logits) cannot honestly produce")
 
 
 SGL_METRICS = f"""# HELP sglang:num_running_reqs The number of running requests.
@@ -447,8 +460,15 @@ sglang:prompt_tokens_total{{model_name="{SGL_MODEL}"}} 48211.0
 # ------------------------------------------------------------------------------------------ router
 
 
+ROUTER_NOTE = (
+    "still derived: recording tried with scripts/record-sglang --router; sglang-router 0.3.2 (the router package "
+    "that installs from the index) is recorded as router/429-sglang-router-*: its 429 has an empty body and no "
+    "Retry-After. These keep what a generic router may send (a JSON or text body, Retry-After as delta-seconds or an "
+    "HTTP-date); no vLLM serving layer ran behind a router here")
+
+
 def router() -> list[Cassette]:
-    P = ROUTER_PROV
+    P = {**ROUTER_PROV, kw("cassette/note"): ROUTER_NOTE}
     body = j({"error": {"message": "Too many requests: every backend is at its concurrency limit.",
                         "type": "rate_limit_exceeded", "code": 429}})
     return [
@@ -467,7 +487,8 @@ def main() -> None:
     for engine, cassettes in (("vllm", vllm()), ("sglang", sglang()), ("router", router())):
         d = HERE / engine
         for old in d.glob("*.edn") if d.is_dir() else ():
-            old.unlink()
+            if "\n :cassette/provenance {:cassette/how :derived" in old.read_text(encoding="utf-8"):
+                old.unlink()  # recorded cassettes (scripts/record-*) stay
         for c in cassettes:
             write_cassette(c, d)
         print(f"{len(cassettes)} derived cassettes written to {d}", file=sys.stderr)

@@ -3,8 +3,10 @@ on this file and compares every `reveal_type` with the `# revealed:` comment on 
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from kotoba_vllm import (AsyncClient, AsyncPool, ChatRequest, Client, CompletionRequest, DetokenizeRequest, Edn,
-                         EdnMap, EmbeddingRequest, Message, Pool, TokenizeRequest, kw, read_forms)
+                         EdnMap, EmbeddingRequest, Keyword, Message, Pool, TokenizeRequest, kw, read_forms)
 
 chat = ChatRequest(messages=(Message(role="user", content="hi"),))
 tokenize = TokenizeRequest(text="hi")
@@ -47,3 +49,11 @@ def edn_values(text: str) -> None:
     reveal_type(value)  # revealed: Edn
     nested: Edn = {kw("a"): [1, 2.5, "x", None, {kw("b"): frozenset({kw("c")})}]}
     reveal_type(nested)  # revealed: Edn
+    # Values built as ordinary Python collections are EDN without a cast (read-only protocols).
+    words: list[str] = ["a", "b"]
+    counts: dict[Keyword, int] = {kw("n"): 1}
+    as_edn: list[Edn] = [words, counts, (1, 2), frozenset({kw("x")})]
+    if isinstance(value, Mapping):  # narrowing by the protocol keeps the value type (by dict gives Any)
+        model = value.get(kw("vllm/model"))
+        if isinstance(model, str):
+            reveal_type(model)  # revealed: str
