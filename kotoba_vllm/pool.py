@@ -29,7 +29,7 @@ import httpx
 from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
                            server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
-from ._codec import KW, MANY, NUM, STR
+from ._codec import BOOL, KW, MANY, NUM, STR
 from ._edn import Edn, EdnMap, Keyword, kw, read_file
 from ._errors import AdmissionRejected, ConfigError
 from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
@@ -47,13 +47,17 @@ R = TypeVar("R", bound=Request)
 @attrs.frozen
 class PoolConfig:
     """`{:pool/members ["http://a:8080" "http://b:8080"] :pool/backend :llamacpp :pool/probe-timeout-s 1.5}`.
-    The API key never lives in the file: pass it, or set KOTOBA_VLLM_API_KEY."""
+    The API key never lives in the file: pass it, or set KOTOBA_VLLM_API_KEY.
+    `:pool/server-load-tracked? true`: the vLLM members run with --enable-server-load-tracking, so
+    their `/load` counts (untracked, vLLM answers 0 whatever the load, and it is not asked)."""
 
     # The "edn" metadata is the key table: the reader's known keys and schemas/pool.edn come from it.
     members: tuple[str, ...] = attrs.field(metadata={"edn": "pool/members", "codec": MANY(STR)})
     backend: str = attrs.field(default="auto", metadata={"edn": "pool/backend", "codec": KW("auto", *BACKENDS)})
     probe_timeout_s: float | None = attrs.field(default=None, metadata={"edn": "pool/probe-timeout-s", "codec": NUM})
     model: str | None = attrs.field(default=None, metadata={"edn": "pool/model", "codec": STR})
+    server_load_tracked: bool = attrs.field(default=False,
+                                            metadata={"edn": "pool/server-load-tracked?", "codec": BOOL})
 
 
 def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
@@ -76,8 +80,11 @@ def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
     model = m.get(kw("pool/model"))
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{where}: :pool/model must be a string")
+    tracked = m.get(kw("pool/server-load-tracked?"), False)
+    if not isinstance(tracked, bool):
+        raise ConfigError(f"{where}: :pool/server-load-tracked? must be true or false")
     return PoolConfig(tuple(u for u in members if isinstance(u, str)), backend.name, None if t is None else float(t),
-                      model)
+                      model, tracked)
 
 
 def load_pool_config(path: str) -> PoolConfig:
@@ -93,7 +100,7 @@ def load_pool_config(path: str) -> PoolConfig:
 
 class _PoolCore:
     def __init__(self, base_urls: Sequence[str], *, backend: str, probe_timeout: float | httpx.Timeout | None,
-                 affinity_entries: int) -> None:
+                 affinity_entries: int, server_load_tracked: bool = False) -> None:
         members = [server_root(u) for u in base_urls]  # ".../v1" names the same server
         if not members:
             raise ConfigError("a pool needs at least one member URL")
@@ -107,6 +114,7 @@ class _PoolCore:
         self.probe_timeout = probe_timeout if isinstance(probe_timeout, httpx.Timeout) else (
             PROBE_TIMEOUT if probe_timeout is None else httpx.Timeout(probe_timeout, connect=min(0.5, probe_timeout)))
         self.affinity = Affinity(affinity_entries)
+        self.server_load_tracked = server_load_tracked
         self._detected: dict[str, str] = {}
         self.last_capacity: PoolCapacity | None = None
 
@@ -200,8 +208,9 @@ class Pool(_PoolCore):
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
-                 affinity_entries: int = 4096) -> None:
-        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+                 affinity_entries: int = 4096, server_load_tracked: bool = False) -> None:
+        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
+                         server_load_tracked=server_load_tracked)
         self.model = model
         self.clients: dict[str, Client] = {
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
@@ -216,6 +225,7 @@ class Pool(_PoolCore):
         kwargs.setdefault("backend", config.backend)
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)
+        kwargs.setdefault("server_load_tracked", config.server_load_tracked)
         return cls(config.members, **kwargs)
 
     def close(self) -> None:
@@ -233,7 +243,8 @@ class Pool(_PoolCore):
     def capacity(self) -> PoolCapacity:
         """merge-pool-capacity: every member asked at once."""
         answers = probe_endpoints(self.members, self.backend, http=self._probe_http, headers=self._probe_headers,
-                                  timeout=self.probe_timeout, executor=self._executor, detected=self._detected)
+                                  timeout=self.probe_timeout, executor=self._executor, detected=self._detected,
+                                  load_tracked=self.server_load_tracked)
         return merge_pool_capacity(answers, at=now_iso())
 
     def _admit(self, request: R, conversation: str | None) -> tuple[R, Admission, PoolCapacity, Client]:
@@ -340,8 +351,9 @@ class AsyncPool(_PoolCore):
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
-                 affinity_entries: int = 4096) -> None:
-        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries)
+                 affinity_entries: int = 4096, server_load_tracked: bool = False) -> None:
+        super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
+                         server_load_tracked=server_load_tracked)
         self.model = model
         self.clients: dict[str, AsyncClient] = {
             u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
@@ -354,6 +366,7 @@ class AsyncPool(_PoolCore):
         kwargs.setdefault("backend", config.backend)
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)
+        kwargs.setdefault("server_load_tracked", config.server_load_tracked)
         return cls(config.members, **kwargs)
 
     async def aclose(self) -> None:
@@ -370,7 +383,7 @@ class AsyncPool(_PoolCore):
     async def capacity(self) -> PoolCapacity:
         answers = await aprobe_endpoints(self.members, self.backend, http=self._probe_http,
                                          headers=self._probe_headers, timeout=self.probe_timeout,
-                                         detected=self._detected)
+                                         detected=self._detected, load_tracked=self.server_load_tracked)
         return merge_pool_capacity(answers, at=now_iso())
 
     async def _admit(self, request: R, conversation: str | None

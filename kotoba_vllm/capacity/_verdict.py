@@ -26,10 +26,20 @@ from ._parse import (Fetched, MetricSum, failure, llamacpp_slots, llamacpp_total
 # row here and a verdict function below.
 PROBE_PATHS: dict[str, tuple[str, ...]] = {
     "llamacpp": ("/slots", "/metrics", "/props"),
-    "vllm": ("/metrics", "/load"),
+    "vllm": ("/metrics",),
     "sglang": ("/metrics", "/server_info", "/get_server_info"),
     "openai": (),
 }
+# vLLM's `/load` answers {"server_load": 0} whenever --enable-server-load-tracking is off (the
+# default): a reader cannot tell "off" from "idle". It is asked, and its number kept, only when
+# the user declares the server tracks load.
+VLLM_LOAD = "/load"
+
+
+def probe_paths(backend: str, load_tracked: bool = False) -> tuple[str, ...]:
+    """The paths one member's probe asks; `/load` only for a vLLM declared to track load."""
+    paths = PROBE_PATHS.get(backend, ())
+    return paths + (VLLM_LOAD,) if load_tracked and backend == "vllm" else paths
 
 LLAMACPP_PROCESSING = "llamacpp:requests_processing"
 LLAMACPP_DEFERRED = "llamacpp:requests_deferred"
@@ -136,18 +146,22 @@ def vllm_verdict(endpoint: str, got: Mapping[str, Fetched], at: str | None) -> C
     if sums is None or not _need(sums, (VLLM_RUNNING, VLLM_WAITING), reasons):
         return unmeasured(endpoint, "vllm", "; ".join(reasons), at=at, probes=probes)
     kv = next((sums[n] for n in VLLM_KV if n in sums), None)
-    load = None
-    load_f = got.get("/load")
-    if load_f is not None and failure(load_f) is None:
+    load, note = None, None
+    load_f = got.get(VLLM_LOAD)
+    if load_f is not None:  # asked only when the user declared --enable-server-load-tracking
         try:
+            why = failure(load_f)
+            if why is not None:
+                raise Unparsable(why)
             load = vllm_load(load_f)
-        except Unparsable:
-            load = None  # optional extra; the metrics already decided
+        except Unparsable as e:
+            note = f"server load declared tracked, but unread: {e}"  # the metrics already decided
     running, waiting = int(sums[VLLM_RUNNING].value), int(sums[VLLM_WAITING].value)
     kv_usage = None
     if kv is not None:
         kv_usage = kv.value / kv.series  # a fraction per engine: the mean, not the sum
-    series, note = _series_note([sums[VLLM_RUNNING], sums[VLLM_WAITING]])
+    series, series_note = _series_note([sums[VLLM_RUNNING], sums[VLLM_WAITING]])
+    note = "; ".join(n for n in (series_note, note) if n) or None
     return CapacityAnswer(endpoint=endpoint, backend="vllm", verdict=ALL_SLOTS_BUSY if waiting else SLOT_AVAILABLE,
                           enforced=True, queue=Queue(running=running, waiting=waiting, kv_cache_usage=kv_usage,
                                                      server_load=load),
