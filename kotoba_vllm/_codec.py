@@ -186,6 +186,8 @@ class _OneOf(Codec):
 
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         for o in self.options:
+            if isinstance(o, _Scalar) and not o.check(v):
+                continue  # skip building the refusal message a later option makes moot
             try:
                 return o.from_edn(v, ctx, field)
             except _Bad:

@@ -1,10 +1,14 @@
 """The EDN boundary: a position-aware reader and compact / pretty writers.
 
-`edn_format` supplies the value vocabulary (`Keyword`, `Symbol`, `Char`) and the
-compact writer. Its reader keeps no positions, silently merges duplicate map keys
-and raises NotImplementedError on unknown tags, so reading is done here: every
-error names the source, line and column. Maps read as `dict`, vectors as `list`,
-lists as `tuple`, sets as `frozenset`.
+`edn_format` supplies the value vocabulary (`Keyword`, `Symbol`, and `Char`, refined here).
+Its reader keeps no positions, silently merges duplicate map keys and raises
+NotImplementedError on unknown tags, so reading is done here: every error names the
+source, line and column. Maps read as `dict`, vectors as `list`, lists as `tuple`, sets as
+`frozenset`, `7N` as `BigInt`, `1.5M` as `Decimal`.
+
+The reference is `clojure.edn/read` (docs/clojure-compat.md): whatever it accepts reads the
+same here or is refused with a position, never read differently; whatever `dumps` writes,
+both readers read back (tests/test_clojure_interop.py holds both to the real reader).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ their read-only protocols so that a `list[str]` or a `dict[Keyword, int]` is an 
 
 EdnMap: TypeAlias = Mapping[Keyword, Edn]
 """A map with keyword keys: an EDN request (`{:vllm/endpoint :chat ...}`), a result, a spec."""
+
+_KW_READ: dict[str, Keyword] = {}  # ":name" tokens already checked, so a file's keywords are checked once
+
 
 class Form:
     """One top-level form and where it started."""
@@ -305,10 +312,13 @@ class _Reader:
 
     def atom(self, tok: str, pos: int) -> Edn:
         if tok[0] == ":":
-            name = tok[1:]
-            if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
-                raise self.fail(f"invalid keyword {tok!r}", pos)
-            return kw(name)
+            k = _KW_READ.get(tok)
+            if k is None:
+                name = tok[1:]
+                if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
+                    raise self.fail(f"invalid keyword {tok!r}", pos)
+                k = _KW_READ[tok] = kw(name)
+            return k
         if tok == "nil":
             return None
         if tok == "true":

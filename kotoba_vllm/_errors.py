@@ -7,7 +7,8 @@
     │   ├── RequestTimeout       connect / read / write / pool timeout (says which and the limit)
     │   └── StreamBroken         the stream ended early; `.partial_text` kept
     ├── ServerError              the server answered with an error (status, engine message, raw body)
-    │   ├── AdmissionRejected    429 anywhere, SGLang queue full (503 or in-stream), pool all busy
+    │   ├── AdmissionRejected    429 anywhere, SGLang queue full (503 or in-stream), vLLM's 503
+    │   │                        engine-busy / prefill-backlog, pool all busy (docs/errors.md)
     │   ├── NotReady             503 while the model loads
     │   ├── BadRequest           4xx: the engine's own message and type kept
     │   └── ServerFailure        other 5xx

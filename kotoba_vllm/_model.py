@@ -253,6 +253,13 @@ class Response:
     def finish_reason(self) -> str | None:
         return self.choices[0].finish_reason if self.choices else None
 
+    @property
+    def reasoning(self) -> str | None:
+        """The first choice's reasoning (a reasoning parser's `reasoning` / `reasoning_content`), if any.
+        An answer that is all reasoning (the parser found no end of thinking, e.g. vLLM's qwen3 parser
+        without `</think>`) has `text == ""` and its whole output here."""
+        return self.choices[0].reasoning if self.choices else None
+
 
 @register
 @attrs.frozen
@@ -268,6 +275,7 @@ class StreamDelta:
     index: int | None = edn_field("vllm/index", INT)
     reasoning: str | None = edn_field("vllm/reasoning-delta", STR)
     tool_calls: Edn = edn_field("vllm/tool-call-deltas", JSON)
+    logprobs: Edn = edn_field("vllm/logprobs", JSON)  # this chunk's logprobs, in the server's shape
 
 
 @register

@@ -140,7 +140,9 @@ timings = st.builds(Timings, prefill=figures, decode=figures, cached=figures, tt
                     end_to_end=figures)
 tool_calls = st.builds(ToolCall, name=_NAME, arguments=st.none() | texts, id=st.none() | texts,
                        type=st.none() | st.just("function"), index=st.none() | st.integers(0, 5))
-_reasons = st.none() | st.sampled_from(["stop", "length", "tool_calls", "content_filter", "abort", "stop sequence", "1st_stop"]) | texts
+# finish reasons as servers spell them: keywords when they can be, strings otherwise
+_reasons = st.none() | st.sampled_from(["stop", "length", "tool_calls", "content_filter", "abort", "stop sequence",
+                                        "1st_stop"]) | texts
 choices = st.builds(Choice, index=st.integers(0, 3), text=st.none() | texts, finish_reason=_reasons,
                     tool_calls=st.none() | st.lists(tool_calls, min_size=1, max_size=2).map(tuple),
                     reasoning=st.none() | texts, logprobs=st.none() | json_like)

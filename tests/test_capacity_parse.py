@@ -347,11 +347,17 @@ def test_timeout_is_unmeasured() -> None:
 
 
 def test_vllm_running_without_queue_is_available() -> None:
-    a = capacity_answer(URL, "vllm", {"/metrics": ok("/metrics", VLLM_METRICS, 4.0),
-                                      "/load": Fetched("/load", status=404, body=b'{"detail":"Not Found"}')}, AT)
+    a = capacity_answer(URL, "vllm", {"/metrics": ok("/metrics", VLLM_METRICS, 4.0)}, AT)  # /load not declared
     assert a.verdict == SLOT_AVAILABLE and a.enforced
     assert (a.queue.running, a.queue.waiting, a.queue.kv_cache_usage) == (3, 0, 0.125)
     assert a.queue.server_load is None and a.evidence.series == 1 and a.evidence.note is None
+
+
+def test_vllm_load_declared_but_unanswered_is_noted_not_zero() -> None:
+    a = capacity_answer(URL, "vllm", {"/metrics": ok("/metrics", VLLM_METRICS, 4.0),
+                                      "/load": Fetched("/load", status=404, body=b'{"detail":"Not Found"}')}, AT)
+    assert a.verdict == SLOT_AVAILABLE and a.queue.server_load is None
+    assert "server load declared tracked, but unread" in a.evidence.note and "404" in a.evidence.note
 
 
 def test_vllm_waiting_requests_mean_busy_summed_over_engines() -> None:
@@ -364,8 +370,7 @@ def test_vllm_waiting_requests_mean_busy_summed_over_engines() -> None:
 
 
 def test_vllm_metrics_without_scheduler_gauges_is_unmeasured() -> None:
-    a = capacity_answer(URL, "vllm", {"/metrics": ok("/metrics", "# HELP x y\n# TYPE x gauge\nx 1\n"),
-                                      "/load": Fetched("/load", status=404)}, AT)
+    a = capacity_answer(URL, "vllm", {"/metrics": ok("/metrics", "# HELP x y\n# TYPE x gauge\nx 1\n")}, AT)
     assert a.verdict == UNMEASURED and "vllm:num_requests_running" in a.reason
 
 

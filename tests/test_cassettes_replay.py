@@ -1,5 +1,5 @@
-"""Contract tests: every cassette (recorded from a real llama-server, or derived from vLLM's and
-SGLang's own protocol definitions) replayed through respx into `Client` and `AsyncClient`.
+"""Contract tests: every cassette (recorded from a real llama-server and from vLLM's real serving layer,
+or derived from SGLang's own protocol definitions) replayed through respx into `Client` and `AsyncClient`.
 
 No network. Each replay checks what the SDK sent against the cassette's request, and what it
 made of the answer (typed and EDN) against the cassette's expectations, which were read from
@@ -40,7 +40,11 @@ def _name(v: Any) -> Any:
 
 
 def run(c: Cassette, mode: str) -> Outcome:
-    return replay_sync(c) if mode == "sync" else asyncio.run(replay_async(c))
+    """sync: httpx through respx; async: the default wire (aiohttp) through a real loopback server;
+    async-httpx: a caller's httpx.AsyncClient through respx."""
+    if mode == "sync":
+        return replay_sync(c)
+    return asyncio.run(replay_async(c, wire="httpx" if mode == "async-httpx" else "default"))
 
 
 # ---------------------------------------------------------------- the corpus itself
@@ -56,7 +60,11 @@ def test_corpus_size_and_provenance() -> None:
         prov = {k.name: v for k, v in c.provenance.items()}
         for key in ("cassette/how", "cassette/engine-version", "cassette/date", "cassette/source"):
             assert prov.get(key) not in (None, ""), f"{c.id}: provenance lacks :{key}"
-        # llama.cpp runs here; SGLang's real serving layer runs with its scheduler faked (scripts/record-sglang).
+        # llama.cpp runs here; SGLang's real serving layer runs with its scheduler faked (scripts/record-sglang);
+        # vLLM's with its engine core faked (scripts/record-vllm), and each says what was simulated.
+        if c.engine == "vllm":
+            assert c.how == "recorded" and prov.get("cassette/simulated"), f"{c.id}: name what was simulated"
+            assert prov["cassette/engine-version"] == "0.33.0", c.id
         if c.engine == "llamacpp":
             assert c.how == "recorded", c.id
         if c.how == "recorded":
@@ -80,10 +88,22 @@ def test_edn_file_round_trips(c: Cassette) -> None:
 # ---------------------------------------------------------------- replay
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+# Recorded answers the SDK now prevents: the request is refused before sending (one problem code),
+# and the recording shows the engine's own refusal it avoids (vLLM's 400 for greedy n > 1).
+REFUSED_BEFORE_SENDING = {"vllm/error-greedy-n2": "sampling/greedy-n",
+                          "vllm/error-greedy-n2-stream": "sampling/greedy-n"}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "async-httpx"])
 @pytest.mark.parametrize("c", ALL, ids=IDS)
 def test_replay(c: Cassette, mode: str) -> None:
     out = run(c, mode)
+    if c.id in REFUSED_BEFORE_SENDING:
+        from kotoba_vllm import ValidationError
+        assert isinstance(out.error, ValidationError) and out.sent == [], out
+        assert REFUSED_BEFORE_SENDING[c.id] in {p.code for p in out.error.problems if p.is_error}
+        assert c.status == 400 and E(c, "expect/error") is not None  # what sending it got
+        return
     check_sent(c, out)
     expected_error = E(c, "expect/error")
     if expected_error is not None:
@@ -192,6 +212,12 @@ def check_response(c: Cassette, r: Response, out: Outcome) -> None:
             json.loads(t.arguments or "{}")  # arguments assembled into valid JSON
     if E(c, "expect/logprobs?"):
         assert r.choices[0].logprobs is not None
+        if E(c, "expect/logprob-tokens") is not None:  # streamed: every chunk's joined into the choice's
+            lp = r.choices[0].logprobs
+            entries = lp.get(kw("content"), lp.get(kw("tokens")))
+            assert len(entries) == E(c, "expect/logprob-tokens"), (c.id, lp)
+        if out.streamed:
+            assert any(d.logprobs for d in out.deltas), f"{c.id}: no delta kept its logprobs"
     if E(c, "expect/choices") is not None:
         assert len(r.choices) == E(c, "expect/choices")
     for fig, prov in (E(c, "expect/timings") or {}).items():
@@ -200,11 +226,11 @@ def check_response(c: Cassette, r: Response, out: Outcome) -> None:
         if prov.name == "unavailable":
             assert figure.tokens is None and figure.ms is None  # unmeasured is never zero
     if out.streamed:
-        joined = "".join(d.delta for d in out.deltas)
+        joined = "".join(d.delta for d in out.deltas if not d.index)  # n > 1: the first choice's deltas
         assert joined == r.text, "deltas joined differ from the final text"
         assert sum(1 for d in out.deltas if d.finish_reason is not None) >= 1
         if E(c, "expect/reasoning") is not None:
-            assert "".join(d.reasoning or "" for d in out.deltas) == E(c, "expect/reasoning")
+            assert "".join(d.reasoning or "" for d in out.deltas if not d.index) == E(c, "expect/reasoning")
     # EDN: the typed answer as EDN carries the same facts, and reads back equal.
     edn = to_edn(r)
     assert edn.get(kw("vllm/text")) == r.text and edn.get(kw("vllm/backend")) == kw(c.backend)
@@ -243,7 +269,7 @@ def test_stream_survives_any_chunking(c: Cassette) -> None:
     assert again.chunks == recut.chunks
     out = replay_sync(again)
     assert out.error is None and isinstance(out.result, Response)
-    assert out.result.text == E(c, "expect/text") == "".join(d.delta for d in out.deltas)
+    assert out.result.text == E(c, "expect/text") == "".join(d.delta for d in out.deltas if not d.index)
 
 
 # ---------------------------------------------------------------- probe cassettes feed the capacity parsers

@@ -121,7 +121,7 @@ def test_validate_duplicate_key(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_validate_with_backend_adds_engine_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = write(tmp_path, "re.edn", '{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content "x"}]'
-                                  ' :vllm/sampling {:vllm/guided-regex "[0-9]+"}}')
+                                  ' :vllm/sampling {:vllm/guided-regex "(a)\\\\1"}}')  # a back-reference
     assert run_cli(capsys, "validate", f)[0] == 0
     code, out, _ = run_cli(capsys, "validate", f, "--backend", "llamacpp")
     assert code == 1 and read_all(out)[0][kw("vllm/engine")] == kw("llamacpp")
@@ -168,3 +168,30 @@ def test_top_level_help_via_python_m() -> None:
 
 def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
+
+
+# ------------------------------------------------------------------ what a Clojure program writes (issue 16)
+
+
+def test_a_request_clojure_printed_validates_and_renders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = write(tmp_path, "from-repl.edn",
+              '^{:doc "pr-str from a REPL"}\n#:vllm{:endpoint :chat, :model "m", :messages '
+              '[#:vllm{:role :user, :content "smile \\uD83D\\uDE00 \\101"}], :sampling #:vllm{:max-tokens 4}}\n'
+              '#:vllm{:endpoint :completion, :model "m", :prompt "lone \\uD83D"}\n')
+    code, out, err = run_cli(capsys, "validate", f, "-b", "vllm")
+    assert (code, out, err) == (0, "", "")
+    code, out, err = run_cli(capsys, "render", f, "-b", "vllm", "-f", "json")
+    first, second = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and err == ""
+    assert first["body"]["messages"][0]["content"] == "smile \U0001F600 A"  # one character, as in Clojure
+    assert second["body"]["prompt"] == "lone \ud83d"  # kept, and printed as JSON's escape
+
+
+def test_validate_streams_and_still_names_the_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = '{:vllm/endpoint :completion :vllm/model "m" :vllm/prompt "p"}\n'
+    f = write(tmp_path, "many.edn", good * 3000 + '{:vllm/endpoint :completion :vllm/prompt "p"\n :vllm/bogus 1}\n'
+              + good + "{:broken")
+    code, out, err = run_cli(capsys, "validate", f)
+    [rec] = read_all(out)
+    assert code == 1 and rec[kw("vllm/where")] == f"{f}:3002:2" and rec[kw("vllm/request-index")] == 3000
+    assert err.startswith(f"error: {f}:3004:1:")

@@ -268,3 +268,24 @@ def test_server_words_read_back_as_the_server_said_them(clojure: Clojure, said: 
         back = read_one(dumps(value))[kw(key)]
         assert (back.name if isinstance(back, Keyword) else back) == said
         _both_read_back(clojure, value)
+
+
+_json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70),
+                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12))
+_json = st.recursive(_json_scalar, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c,
+                                                                                        max_size=3), max_leaves=10)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([400, 404, 429, 500, 503]), st.dictionaries(st.text(max_size=10), _json_scalar, max_size=4),
+       _json)
+def test_what_a_server_says_in_errors_and_extras_both_readers_read_back(clojure: Clojure, status: int,
+                                                                        err: dict[str, Any], anything: Any) -> None:
+    """Error objects with any keys and words, and any JSON kept as EDN (logprobs, engine extras)."""
+    import json
+
+    from kotoba_vllm._codec import json_to_edn
+
+    e = classify_error(status, json.dumps({"error": err}).encode(), {}, "http://h")
+    _both_read_back(clojure, e.to_edn())
+    _both_read_back(clojure, json_to_edn(anything))

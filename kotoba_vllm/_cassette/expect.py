@@ -21,6 +21,9 @@ RELIED_METRICS = {
     "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"),
 }
 QUEUE_FULL = "queue is full"
+# 503 messages that are admission answers (DESIGN §4), read independently of dialects/_http.py.
+ADMISSION_503 = {QUEUE_FULL: "queue-full", "engine is currently busy": "engine-busy",
+                 "prefill token backlog": "prefill-backlog"}
 
 
 def _fr(v: Any) -> Keyword | str | None:
@@ -47,9 +50,10 @@ def error_expect(status: int | None, obj: Any, retry_after: str | None) -> dict[
     err = _err_obj(obj) or {}
     msg = str(err.get("message") or "")
     out: dict[Keyword, Any] = {}
-    if status == 429 or QUEUE_FULL in msg.lower():
+    named = next((r for m, r in ADMISSION_503.items() if m in msg.lower()), None)
+    if status == 429 or named is not None:
         out[kw("vllm/error")] = kw("admission-rejected")
-        out[kw("vllm/reason")] = kw("queue-full") if QUEUE_FULL in msg.lower() else None
+        out[kw("vllm/reason")] = kw(named) if named else None
         try:  # delta-seconds pin the value; an HTTP-date depends on the clock, so replay checks >= 0
             out[kw("vllm/retry-after-s")] = float(retry_after) if retry_after is not None else None
         except ValueError:
@@ -118,9 +122,20 @@ def _payloads(raw: bytes) -> list[Any]:
     return out
 
 
+def logprob_tokens(lp: Any) -> int | None:
+    """How many tokens an OpenAI-style logprobs object covers (chat `content`, completion `tokens`)."""
+    if not isinstance(lp, dict):
+        return None
+    for key in ("content", "tokens"):
+        if isinstance(lp.get(key), list):
+            return len(lp[key])
+    return None
+
+
 def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
     """Join the text of a stream the plain way (cumulative for SGLang /generate)."""
     text, reasoning, fr, usage, server_ms, n = "", "", None, None, False, 0
+    lp_tokens: int | None = None
     incremental = False
     reported: dict[Keyword, Any] = {}
     tools: dict[int, dict[str, str]] = {}
@@ -181,8 +196,13 @@ def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
             else:
                 text += c.get("text") or ""
             fr = _fr(c.get("finish_reason")) or fr
+            if logprob_tokens(c.get("logprobs")) is not None:
+                lp_tokens = (lp_tokens or 0) + (logprob_tokens(c.get("logprobs")) or 0)
     out: dict[Keyword, Any] = {kw("expect/text"): text, kw("expect/finish-reason"): fr,
                                kw("expect/chunks"): n}
+    if lp_tokens is not None:
+        out[kw("expect/logprobs?")] = True
+        out[kw("expect/logprob-tokens")] = lp_tokens
     if usage:
         out[kw("expect/usage")] = {k: v for k, v in usage.items() if v is not None}
     if reasoning:
@@ -235,6 +255,8 @@ def body_expect(endpoint: str, engine: str, obj: Any) -> dict[Keyword, Any]:
             r = msg.get("reasoning_content") or msg.get("reasoning")
             if r:
                 out[kw("expect/reasoning")] = r
+                if msg.get("content") is None:
+                    out[kw("expect/text")] = ""  # documented: a reasoning-only answer's text is ""
             if msg.get("tool_calls"):
                 out[kw("expect/tool-calls")] = [
                     {kw("vllm/name"): t["function"]["name"], kw("vllm/arguments"): t["function"]["arguments"]}
@@ -244,6 +266,7 @@ def body_expect(endpoint: str, engine: str, obj: Any) -> dict[Keyword, Any]:
         out[kw("expect/finish-reason")] = _fr(c.get("finish_reason"))
         if c.get("logprobs") is not None:
             out[kw("expect/logprobs?")] = True
+            out[kw("expect/logprob-tokens")] = logprob_tokens(c.get("logprobs"))
         out[kw("expect/choices")] = len(choices)
         out[kw("expect/usage")] = _usage(obj.get("usage"))
         has_counts = out[kw("expect/usage")] is not None

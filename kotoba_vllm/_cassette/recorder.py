@@ -59,6 +59,10 @@ def _chat(text: str) -> list[dict[Keyword, Any]]:
     return [_m(role=kw("user"), content=text)]
 
 
+# Public doors for the per-engine exchange sets (vllm_sets): a {:vllm/..} map, a request, a user turn.
+vllm_map, edn_request, user_chat = _m, _edn, _chat
+
+
 def sampling(max_tokens: int = 8) -> dict[Keyword, Any]:
     return _m(temperature=0.0, seed=42, max_tokens=max_tokens)
 
@@ -271,7 +275,8 @@ def server_build(client: httpx.Client, base_url: str, engine: str) -> str | None
 
 
 def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str | None = None,
-           source: str = "", log: Callable[[str], None] = lambda s: None) -> list[Cassette]:
+           source: str = "", simulated: str | None = None,
+           log: Callable[[str], None] = lambda s: None) -> list[Cassette]:
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     out = []
     # No keep-alive: llama-server closes a connection just after a stream ends (DESIGN §7), and a
@@ -311,6 +316,8 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
             kw("cassette/source"): source or f"live {engine} server at {base_url}"}
     if fingerprint:
         prov[kw("cassette/system-fingerprint")] = fingerprint
+    if simulated:
+        prov[kw("cassette/simulated")] = simulated
     return [attrs.evolve(c, provenance=prov) for c in out]
 
 

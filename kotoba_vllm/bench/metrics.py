@@ -2,9 +2,12 @@
 
 llama.cpp (`--metrics`): `llamacpp:prompt_tokens_total`, `llamacpp:prompt_seconds_total`,
 `llamacpp:tokens_predicted_total`, `llamacpp:tokens_predicted_seconds_total` — the same per-request
-prompt/predicted times its `timings` report, summed. vLLM: `vllm:prompt_tokens_total`,
-`vllm:generation_tokens_total` and the `_sum` of `vllm:request_prefill_time_seconds` /
-`vllm:request_decode_time_seconds` (mapping read from vLLM's docs, not verified live here).
+prompt/predicted times its `timings` report, summed. vLLM (names as vLLM 0.33.0's own Prometheus
+loggers export them, recorded in tests/cassettes/vllm/metrics*.edn): `vllm:prompt_tokens_total` over
+the `_sum` of `vllm:request_prefill_time_seconds` (scheduled -> first token); decode is
+`vllm:generation_tokens_total` less one first token per request (`vllm:request_decode_time_seconds_count`)
+over the `_sum` of `vllm:request_decode_time_seconds` (first -> last token); TTFT is the mean of the
+`vllm:time_to_first_token_seconds` histogram (arrival -> first token) over the run.
 SGLang 0.5.23 (`--enable-metrics`, names seen on its real serving layer): prefill is
 `sglang:prompt_tokens_total` minus `sglang:cached_tokens_total` over the `prefill_forward` stage of
 `sglang:per_stage_req_latency_seconds` — each request observes the forward pass of its whole
@@ -34,13 +37,17 @@ COUNTERS: dict[str, dict[str, tuple[Terms, Terms]]] = {
                  "decode": (_one("llamacpp:tokens_predicted_total"),
                             _one("llamacpp:tokens_predicted_seconds_total"))},
     "vllm": {"prefill": (_one("vllm:prompt_tokens_total"), _one("vllm:request_prefill_time_seconds_sum")),
-             "decode": (_one("vllm:generation_tokens_total"), _one("vllm:request_decode_time_seconds_sum"))},
+             # decode spans first -> last token: each request's first token (made by the prefill) is not in it
+             "decode": (((1, "vllm:generation_tokens_total"), (-1, "vllm:request_decode_time_seconds_count")),
+                        _one("vllm:request_decode_time_seconds_sum"))},
     "sglang": {"prefill": (((1, "sglang:prompt_tokens_total"), (-1, "sglang:cached_tokens_total")),
                            _one('sglang:per_stage_req_latency_seconds_sum{stage="prefill_forward"}')),
                "decode": (((1, "sglang:generation_tokens_total"), (-1, "sglang:num_requests_total")),
                           ((1, "sglang:e2e_request_latency_seconds_sum"),
                            (-1, "sglang:time_to_first_token_seconds_sum")))},
 }
+# The server's own time-to-first-token histogram (seconds), where bench compares its mean over the run.
+TTFT_HISTOGRAM: dict[str, str] = {"vllm": "vllm:time_to_first_token_seconds"}
 # Counters a server creates on first use (prometheus labels): absent means zero, not unknown. SGLang
 # shows no `cached_tokens_total` before a prefix-cache hit.
 ZERO_UNTIL_USED = frozenset({"sglang:cached_tokens_total"})
@@ -72,6 +79,14 @@ class Rate:
 
 
 @attrs.frozen
+class Mean:
+    """A histogram's mean over the run (`_sum` / `_count` deltas); ms for times."""
+
+    ms: float | None
+    n: int | None
+
+
+@attrs.frozen
 class ServerRates:
     """The server's prefill and decode rates over the run, from counter deltas."""
 
@@ -80,6 +95,7 @@ class ServerRates:
     decode: Rate
     problem: str | None = None  # why the rates are unavailable (nil numbers, never zeros)
     note: str | None = None  # what the figures are, where that is not plain per-request time
+    ttft: Mean | None = None  # the server's own TTFT, where it exports one (vLLM)
 
 
 NONE = Rate(None, None, None)
@@ -98,6 +114,16 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], tok: Terms, 
     return Rate(round(dt, 3), round(ds, 6), round(dt / ds, 3) if ds > 0 and dt >= 0 else None)
 
 
+def _mean_ms(before: Mapping[str, float], after: Mapping[str, float], histogram: str | None) -> Mean | None:
+    if histogram is None:
+        return None
+    s, c = histogram + "_sum", histogram + "_count"
+    if not all(k in before and k in after for k in (s, c)):
+        return None
+    n = int(after[c] - before[c])
+    return Mean(round((after[s] - before[s]) * 1000.0 / n, 3) if n > 0 else None, n)
+
+
 def server_rates(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> ServerRates:
     if before is None or after is None:
         return unavailable("metrics endpoint not readable before and after the run")
@@ -109,5 +135,6 @@ def server_rates(before: Mapping[str, float] | None, after: Mapping[str, float] 
             if any(after.get(n, 0.0) < before.get(n, 0.0) for n in names):
                 return unavailable("counters went backwards (server restarted during the run)")
             rates = {k: _delta(before, after, *pair) for k, pair in pairs.items()}
-            return ServerRates(engine, rates["prefill"], rates["decode"], note=NOTES.get(engine))
+            return ServerRates(engine, rates["prefill"], rates["decode"], note=NOTES.get(engine),
+                               ttft=_mean_ms(before, after, TTFT_HISTOGRAM.get(engine)))
     return unavailable("no known prefill/decode counters in the metrics")

@@ -45,6 +45,8 @@ def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Any, Any]
         return _k({PROV: kw("unavailable"), "bench/problem": s.problem})
     out = {PROV: kw("server-reported"), "bench/source": f"{s.engine} /metrics counter deltas over the run",
            "bench/prefill": _rate(s.prefill), "bench/decode": _rate(s.decode)}
+    if s.ttft is not None:  # the server's own histogram: arrival -> first token, mean over the run
+        out["bench/ttft-ms"] = _k({"bench/mean": s.ttft.ms, "bench/n": s.ttft.n})
     if s.note is not None:
         out["bench/note"] = s.note
     if row is not None:  # bench's pooled rate over the server's, per phase
@@ -148,9 +150,12 @@ def render_table(report: BenchReport) -> str:
             ("prefill tok/s", s.prefill_rate, 1),
             ("decode tok/s seen by client", s.client_decode_rate, 1),
         ]
-        for name, d, nd in rows:
-            lines.append(f"  {name:<30}{_d(d, nd):<34}[{d.provenance}, n={d.n}]")
         sv = s.server
+        for name, d, nd in rows:
+            line = f"  {name:<30}{_d(d, nd):<34}[{d.provenance}, n={d.n}]"
+            if name == "TTFT ms" and sv is not None and not sv.problem and sv.ttft is not None:
+                line += f"   server /metrics mean {_f(sv.ttft.ms)} ms (n={sv.ttft.n})"
+            lines.append(line)
         sp = sv.prefill.tokens_per_s if sv and not sv.problem else None
         sd = sv.decode.tokens_per_s if sv and not sv.problem else None
         lines.append("  rates over the run (sum tokens / sum time):")

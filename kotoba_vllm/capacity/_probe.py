@@ -19,7 +19,7 @@ from .._model import BACKENDS
 from ..dialects._http import decode_json
 from ._answer import CapacityAnswer, PoolCapacity
 from ._parse import Fetched, failure
-from ._verdict import PROBE_PATHS, capacity_answer, merge_pool_capacity, unmeasured
+from ._verdict import capacity_answer, merge_pool_capacity, probe_paths, unmeasured
 
 # A probe that takes longer than this is itself the answer: unmeasured, with the reason.
 PROBE_TIMEOUT = httpx.Timeout(1.5, connect=0.5)
@@ -69,18 +69,18 @@ def _check_backend(backend: str) -> None:
         raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
 
 
-def _plan(endpoints: Sequence[str], backends: Sequence[str]) -> list[Job]:
-    return [(e, p) for e, b in zip(endpoints, backends) for p in PROBE_PATHS.get(b, ())]
+def _plan(endpoints: Sequence[str], backends: Sequence[str], load_tracked: bool = False) -> list[Job]:
+    return [(e, p) for e, b in zip(endpoints, backends) for p in probe_paths(b, load_tracked)]
 
 
 def _answers(endpoints: Sequence[str], backends: Sequence[str | None], reasons: Sequence[str | None],
-             got: Mapping[Job, Fetched], at: str) -> list[CapacityAnswer]:
+             got: Mapping[Job, Fetched], at: str, load_tracked: bool = False) -> list[CapacityAnswer]:
     out = []
     for e, b, why in zip(endpoints, backends, reasons):
         if b is None:
             out.append(unmeasured(e, None, why or "backend unknown", at=at, reachable=False))
             continue
-        paths = PROBE_PATHS.get(b, ())
+        paths = probe_paths(b, load_tracked)
         out.append(capacity_answer(e, b, {p: got[(e, p)] for p in paths}, at))
     return out
 
@@ -123,9 +123,11 @@ def fetch_all(http: httpx.Client, jobs: Sequence[Job], *, headers: Mapping[str, 
 def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,
                     http: httpx.Client | None = None, headers: Mapping[str, str] | None = None,
                     timeout: httpx.Timeout = PROBE_TIMEOUT, executor: Executor | None = None,
-                    detected: dict[str, str] | None = None) -> list[CapacityAnswer]:
+                    detected: dict[str, str] | None = None, load_tracked: bool = False) -> list[CapacityAnswer]:
     """Ask every endpoint at once; answers in endpoint order. `detected` caches
-    auto-detected backends across calls (only successful detections are kept)."""
+    auto-detected backends across calls (only successful detections are kept).
+    `load_tracked`: the vLLM members run with --enable-server-load-tracking, so their `/load`
+    is asked and its number kept (otherwise it reads 0 whatever the load)."""
     eps, bs = _normalise(endpoints, backend)
     own = http is None
     client = http or httpx.Client(timeout=timeout)
@@ -137,9 +139,9 @@ def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "au
             det = fetch_all(client, [(eps[i], p) for i in todo for p, _ in DETECTION_PROBES], headers=headers,
                             timeout=timeout, executor=executor)
             _apply_detection(eps, known, reasons, todo, det, detected)
-        got = fetch_all(client, _plan(eps, [b or "" for b in known]), headers=headers, timeout=timeout,
-                        executor=executor)
-        return _answers(eps, known, reasons, got, at)
+        got = fetch_all(client, _plan(eps, [b or "" for b in known], load_tracked), headers=headers,
+                        timeout=timeout, executor=executor)
+        return _answers(eps, known, reasons, got, at, load_tracked)
     finally:
         if own:
             client.close()
@@ -193,8 +195,8 @@ async def afetch_all(http: httpx.AsyncClient, jobs: Sequence[Job], *, headers: M
 
 async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,
                            http: httpx.AsyncClient | None = None, headers: Mapping[str, str] | None = None,
-                           timeout: httpx.Timeout = PROBE_TIMEOUT,
-                           detected: dict[str, str] | None = None) -> list[CapacityAnswer]:
+                           timeout: httpx.Timeout = PROBE_TIMEOUT, detected: dict[str, str] | None = None,
+                           load_tracked: bool = False) -> list[CapacityAnswer]:
     eps, bs = _normalise(endpoints, backend)
     own = http is None
     client = http or httpx.AsyncClient(timeout=timeout)
@@ -206,8 +208,9 @@ async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str
             det = await afetch_all(client, [(eps[i], p) for i in todo for p, _ in DETECTION_PROBES],
                                    headers=headers, timeout=timeout)
             _apply_detection(eps, known, reasons, todo, det, detected)
-        got = await afetch_all(client, _plan(eps, [b or "" for b in known]), headers=headers, timeout=timeout)
-        return _answers(eps, known, reasons, got, at)
+        got = await afetch_all(client, _plan(eps, [b or "" for b in known], load_tracked), headers=headers,
+                               timeout=timeout)
+        return _answers(eps, known, reasons, got, at, load_tracked)
     finally:
         if own:
             await client.aclose()

@@ -12,7 +12,7 @@ The rules come from the seed's router:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -26,10 +26,20 @@ from ._parse import (Fetched, MetricSum, failure, llamacpp_slots, llamacpp_total
 # row here and a verdict function below.
 PROBE_PATHS: dict[str, tuple[str, ...]] = {
     "llamacpp": ("/slots", "/metrics", "/props"),
-    "vllm": ("/metrics", "/load"),
+    "vllm": ("/metrics",),
     "sglang": ("/metrics", "/server_info", "/get_server_info"),
     "openai": (),
 }
+# vLLM's `/load` answers {"server_load": 0} whenever --enable-server-load-tracking is off (the
+# default): a reader cannot tell "off" from "idle". It is asked, and its number kept, only when
+# the user declares the server tracks load.
+VLLM_LOAD = "/load"
+
+
+def probe_paths(backend: str, load_tracked: bool = False) -> tuple[str, ...]:
+    """The paths one member's probe asks; `/load` only for a vLLM declared to track load."""
+    paths = PROBE_PATHS.get(backend, ())
+    return paths + (VLLM_LOAD,) if load_tracked and backend == "vllm" else paths
 
 LLAMACPP_PROCESSING = "llamacpp:requests_processing"
 LLAMACPP_DEFERRED = "llamacpp:requests_deferred"
@@ -136,18 +146,22 @@ def vllm_verdict(endpoint: str, got: Mapping[str, Fetched], at: str | None) -> C
     if sums is None or not _need(sums, (VLLM_RUNNING, VLLM_WAITING), reasons):
         return unmeasured(endpoint, "vllm", "; ".join(reasons), at=at, probes=probes)
     kv = next((sums[n] for n in VLLM_KV if n in sums), None)
-    load = None
-    load_f = got.get("/load")
-    if load_f is not None and failure(load_f) is None:
+    load, note = None, None
+    load_f = got.get(VLLM_LOAD)
+    if load_f is not None:  # asked only when the user declared --enable-server-load-tracking
         try:
+            why = failure(load_f)
+            if why is not None:
+                raise Unparsable(why)
             load = vllm_load(load_f)
-        except Unparsable:
-            load = None  # optional extra; the metrics already decided
+        except Unparsable as e:
+            note = f"server load declared tracked, but unread: {e}"  # the metrics already decided
     running, waiting = int(sums[VLLM_RUNNING].value), int(sums[VLLM_WAITING].value)
     kv_usage = None
     if kv is not None:
         kv_usage = kv.value / kv.series  # a fraction per engine: the mean, not the sum
-    series, note = _series_note([sums[VLLM_RUNNING], sums[VLLM_WAITING]])
+    series, series_note = _series_note([sums[VLLM_RUNNING], sums[VLLM_WAITING]])
+    note = "; ".join(n for n in (series_note, note) if n) or None
     return CapacityAnswer(endpoint=endpoint, backend="vllm", verdict=ALL_SLOTS_BUSY if waiting else SLOT_AVAILABLE,
                           enforced=True, queue=Queue(running=running, waiting=waiting, kv_cache_usage=kv_usage,
                                                      server_load=load),
@@ -265,35 +279,53 @@ class Admission:
 
 
 def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iterable[CapacityAnswer],
-          affinity: str | None = None) -> Admission:
+          affinity: str | None = None, *, inflight: Mapping[str, int] | None = None,
+          freed: Collection[str] = (), sent: Mapping[str, int] | None = None) -> Admission:
     """Pick the member for one request, in the demoted order.
 
-    1. The conversation's member, while it is measured available (its prefix cache).
-    2. Else the first measured-available member.
+    `inflight`: the caller's own requests in flight per member; among equally eligible
+    members the one with the fewest wins, then the one sent fewest so far (`sent`), then
+    pool order — so independent requests spread, one at a time or many. `freed`: members measured busy that have finished one of the caller's requests
+    since that measurement — a slot was freed, so they count as available again.
+
+    1. The conversation's member, while it is available (its prefix cache).
+    2. Else the available member with the fewest requests in flight.
     3. Else, if some member is unmeasured, the conversation's member when it is one of
-       them, else the first unmeasured one whose probes got any HTTP answer, else the
-       first unmeasured one: admitted, but not enforced.
-    4. Else every member is measured busy: refused, nothing is sent."""
+       them, else the unmeasured one with the fewest in flight among those whose probes got
+       any HTTP answer (else among all unmeasured): admitted, but not enforced.
+    4. Else every member is measured busy and none has freed a slot since: refused,
+       nothing is sent."""
     by = _by_endpoint(answers)
     order = demote_busy_endpoints(endpoints, by)
+    load = inflight or {}
+    total = sent or {}
+    freed_set = {e.rstrip("/") for e in freed}
 
     def ans(e: str) -> CapacityAnswer | None:
         return by.get(e.rstrip("/"))
 
+    def available(e: str) -> bool:
+        a = ans(e)
+        return a is not None and (a.available or (a.busy and e.rstrip("/") in freed_set))
+
+    def least(cands: Sequence[str]) -> str:
+        return min(cands, key=lambda e: (load.get(e, 0), total.get(e, 0)))  # min keeps the first of equals
+
     aff = affinity.rstrip("/") if affinity else None
     aff_member = next((e for e in order if e.rstrip("/") == aff), None)
-    if aff_member is not None and (a := ans(aff_member)) is not None and a.available:
+    if aff_member is not None and available(aff_member):
         return Admission(aff_member, "conversation affinity: its member has a free slot", True)
-    for e in order:
-        a = ans(e)
-        if a is not None and a.available:
-            why = "first member with a measured free slot"
-            if aff_member is not None and aff_member != e:
-                why += f" (conversation moved off {aff_member}: {_state(ans(aff_member))})"
-            return Admission(e, why, True)
+    free = [e for e in order if available(e)]
+    if free:
+        e = least(free)
+        why = "first member with a measured free slot" if load.get(e, 0) == 0 else \
+            f"measured free slot, fewest requests in flight ({load.get(e, 0)})"
+        if aff_member is not None and aff_member != e:
+            why += f" (conversation moved off {aff_member}: {_state(ans(aff_member))})"
+        return Admission(e, why, True)
     unknown = [e for e in order if (a := ans(e)) is None or not a.measured]
     if unknown:
         answered = [e for e in unknown if (a := ans(e)) is not None and a.reachable is not False]
-        pick = aff_member if aff_member in unknown else (answered or unknown)[0]
+        pick = aff_member if aff_member in unknown else least(answered or unknown)
         return Admission(pick, "capacity unmeasured: admitted without enforcement", False)
     return Admission(None, "all-slots-busy: every member was measured busy", True)

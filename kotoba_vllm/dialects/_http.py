@@ -82,6 +82,19 @@ def decode_json(raw: bytes) -> Any:
 
 QUEUE_FULL_MARKERS = ("request queue is full", "queue is full")
 LOADING_MARKERS = ("loading model", "loading")
+# A 503 whose message names a server-side admission limit -> that limit's reason. vLLM 0.33.0's own
+# answers (its serving layer, recorded): --max-num-queued-reqs full, and the prefill-token backlog.
+ADMISSION_503_MARKERS = (
+    ("request queue is full", "queue-full"),
+    ("queue is full", "queue-full"),
+    ("engine is currently busy and cannot accept new requests", "engine-busy"),
+    ("prefill token backlog limit", "prefill-backlog"),
+)
+
+
+def admission_reason_503(lowered_message: str) -> str | None:
+    """The admission reason a 503 message names, or None (then it is not an admission answer)."""
+    return next((reason for marker, reason in ADMISSION_503_MARKERS if marker in lowered_message), None)
 
 
 def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint: str | None,
@@ -101,8 +114,9 @@ def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint
         reason = _reason_from(err, body) or "rate-limited"
         return AdmissionRejected(message, reason=reason, retry_after_s=retry_after, status=status,
                                  endpoint=endpoint, raw_body=raw, error_type=etype, details=details_edn)
-    if status == 503 and any(m in lowered for m in QUEUE_FULL_MARKERS):
-        return AdmissionRejected(message, reason="queue-full", retry_after_s=retry_after, status=status,
+    admission = admission_reason_503(lowered) if status == 503 else None
+    if admission is not None:
+        return AdmissionRejected(message, reason=admission, retry_after_s=retry_after, status=status,
                                  endpoint=endpoint, raw_body=raw, error_type=etype, details=details_edn)
     if status == 503 and (etype == "unavailable_error" or any(m in lowered for m in LOADING_MARKERS)):
         return NotReady(message, status=status, endpoint=endpoint, raw_body=raw, error_type=etype,
@@ -134,8 +148,9 @@ def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | 
     etype = err.get("type")
     lowered = message.lower()
     raw = raw if raw is not None else json.dumps(obj)
-    if status == 429 or any(m in lowered for m in QUEUE_FULL_MARKERS):
-        reason = "queue-full" if any(m in lowered for m in QUEUE_FULL_MARKERS) else "rate-limited"
+    admission = admission_reason_503(lowered)  # inside a stream the code may be absent or 200
+    if status == 429 or admission is not None:
+        reason = admission or "rate-limited"
         return AdmissionRejected(message, reason=reason, status=status, endpoint=endpoint, raw_body=raw,
                                  error_type=str(etype) if etype else None, partial_text=partial_text)
     cls: type[ServerError] = BadRequest if status is not None and 400 <= status < 500 else ServerFailure

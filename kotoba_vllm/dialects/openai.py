@@ -215,6 +215,8 @@ class Dialect:
             text = msg.get("content")
             reasoning = msg.get("reasoning_content") or msg.get("reasoning")
             tool_calls = self.parse_tool_calls(msg.get("tool_calls"))
+            if text is None and isinstance(reasoning, str):
+                text = ""  # all reasoning, no answer: empty text (as a stream assembles it), never None
         else:
             text, reasoning, tool_calls = c.get("text"), None, None
         lp = c.get("logprobs")
@@ -312,6 +314,7 @@ class ChunkStream:
         self.reasoning: dict[int, list[str]] = {}
         self.finish: dict[int, str | None] = {}
         self.tools: dict[int, dict[int, dict[str, Any]]] = {}
+        self.logprobs: dict[int, dict[str, Any]] = {}
         self.usage: Usage | None = None
         self.server: ServerTimings | None = None
         self.id: str | None = None
@@ -392,6 +395,9 @@ class ChunkStream:
                 self.reasoning.setdefault(idx, []).append(reasoning)
             else:
                 reasoning = None
+            lp = c.get("logprobs")
+            if lp is not None:
+                lp = self._merge_logprobs(idx, lp)
             fr = c.get("finish_reason")
             if fr is not None:
                 fr = reason_text(fr)
@@ -399,10 +405,24 @@ class ChunkStream:
                 self.finish[idx] = fr
             elif idx not in self.finish:
                 self.finish[idx] = None
-            if text or fr is not None or reasoning or tool_deltas:
+            if text or fr is not None or reasoning or tool_deltas or lp:
                 out.append(StreamDelta(delta=text, finish_reason=fr, index=idx, reasoning=reasoning,
-                                       tool_calls=json_to_edn(tool_deltas) if tool_deltas else None))
+                                       tool_calls=json_to_edn(tool_deltas) if tool_deltas else None,
+                                       logprobs=lp))
         return out
+
+    def _merge_logprobs(self, idx: int, lp: Any) -> Any:
+        """Keep one chunk's logprobs (EDN, for its delta) and join them into the choice's, in the
+        non-streamed shape: chat `{"content": [...]}`, completion parallel lists (`tokens`, ...)."""
+        if not isinstance(lp, dict):
+            return None
+        acc = self.logprobs.setdefault(idx, {})
+        for k, v in lp.items():
+            if isinstance(v, list):
+                acc.setdefault(k, []).extend(v)
+            elif k not in acc or acc[k] is None:
+                acc[k] = v
+        return json_to_edn(lp)
 
     def _merge_tools(self, idx: int, deltas: list[Any]) -> None:
         calls = self.tools.setdefault(idx, {})
@@ -431,7 +451,8 @@ class ChunkStream:
                 tool_calls=tuple(ToolCall(name=t["name"], arguments=t["arguments"], id=t["id"],
                                           type=t["type"] or "function", index=k)
                                  for k, t in sorted(tools.items())) if tools else None,
-                reasoning="".join(self.reasoning[i]) if i in self.reasoning else None))
+                reasoning="".join(self.reasoning[i]) if i in self.reasoning else None,
+                logprobs=json_to_edn(self.logprobs[i]) if i in self.logprobs else None))
         return Response(text=choices[0].text, choices=tuple(choices), id=self.id, model=self.model,
                         usage=self.usage, backend=self.dialect.name, endpoint=self.req.endpoint,
                         endpoint_url=self.endpoint_url, timings=build_timings(self.server, self.usage, clock),

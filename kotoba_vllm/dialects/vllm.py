@@ -2,14 +2,17 @@
 
 Facts this table encodes: unknown fields are only logged, so a knob vLLM does not know
 must be refused here; the old top-level `guided_*` fields are ignored since v0.12, so
-constraints go in `structured_outputs`; V1 has no `best_of`.
+constraints go in `structured_outputs`; V1 has no `best_of`. n > 1 with greedy sampling is
+refused by vLLM 0.33.0 (HTTP 400 "n must be 1 when using greedy sampling, got 2."), so it is
+refused here before sending; with temperature unset the model's generation config decides.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .._model import Sampling
+from .._model import Request, Sampling
+from .._problems import Problem
 from .openai import Dialect, schema_json
 
 VLLM_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
@@ -28,6 +31,25 @@ class VllmDialect(Dialect):
     }
     health_path: ClassVar[str] = "/health"
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {"chat": VLLM_SAMPLING, "completion": VLLM_SAMPLING}
+
+    def problems(self, req: Request) -> list[Problem]:
+        out = super().problems(req)
+        s: Sampling | None = getattr(req, "sampling", None)
+        if s is None or s.n is None or s.n <= 1:
+            return out
+        if s.temperature == 0:
+            out.append(Problem("error", "sampling/greedy-n", f"vLLM refuses n={s.n} with greedy sampling "
+                               "(:vllm/temperature 0): use n 1, or a temperature above 0",
+                               field="vllm/temperature", engine=self.name))
+        elif s.top_k == 1:
+            out.append(Problem("error", "sampling/greedy-n", f"n={s.n} with :vllm/top-k 1 samples greedily: "
+                               "every choice would be the same; use n 1, or top-k above 1",
+                               field="vllm/top-k", engine=self.name))
+        elif s.temperature is None:
+            out.append(Problem("warn", "sampling/greedy-n", f"n={s.n} without :vllm/temperature: the model's "
+                               "generation config decides; vLLM refuses n > 1 if that is greedy",
+                               field="vllm/temperature", engine=self.name))
+        return out
 
     def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
         so: dict[str, Any] = {}

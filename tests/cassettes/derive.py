@@ -1,12 +1,13 @@
-"""Write the DERIVED cassettes: vLLM, SGLang and a router in front of them.
+"""Write the DERIVED cassettes: SGLang and a router in front of an engine.
 
-No vLLM or SGLang server can run on these CPU-only machines, so these exchanges are written
+(vLLM's are recorded from vLLM 0.33.0's own serving layer by scripts/record-vllm.)
+No SGLang server runs here yet, so these exchanges are written
 by hand from the engines' own protocol definitions (read, not copied; the files and commits
 are named in each cassette's provenance). The request side is what the SDK renders, exactly
 as the recorder does; the expectations are read from the written bytes by the same plain
 reader the recorder uses. Every cassette here says `:cassette/how :derived`.
 
-    .venv/bin/python tests/cassettes/derive.py        # rewrites tests/cassettes/{vllm,sglang,router}
+    .venv/bin/python tests/cassettes/derive.py        # rewrites tests/cassettes/{sglang,router}
 """
 
 from __future__ import annotations
@@ -31,18 +32,6 @@ VLLM_MODEL = "Qwen/Qwen3-8B"
 SGL_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 CREATED = 1796000000
 
-VLLM_PROV = {
-    kw("cassette/how"): kw("derived"),
-    kw("cassette/engine-version"): "vllm main (split entrypoints/openai layout, post-0.12)",
-    kw("cassette/date"): DATE,
-    kw("cassette/source"): (
-        "vllm-project/vllm read with the code index: vllm/entrypoints/openai/chat_completion/protocol.py @002032ee "
-        "(ChatMessage.reasoning, ChatCompletionResponse/StreamResponse, stop_reason, token_ids), "
-        "vllm/entrypoints/openai/engine/protocol.py @040a2cc2 (ErrorResponse{error:{message,type,param,code}}, "
-        "UsageInfo, ModelCard), chat serving stream loop (model_dump_json(exclude_unset=True); final usage chunk "
-        "with choices [] and exclude_none), vllm/v1/metrics/loggers.py (vllm:num_requests_running, "
-        "vllm:num_requests_waiting, vllm:kv_cache_usage_perc, labels engine/model_name)"),
-}
 SGL_PROV = {
     kw("cassette/how"): kw("derived"),
     kw("cassette/engine-version"): "sglang main (protocol.py @004c82e0); 503 queue-full per SGLang 0.5.23 (DESIGN §4)",
@@ -106,190 +95,6 @@ WEATHER_TOOL = [{kw("type"): "function", kw("function"): {
 
 
 # ------------------------------------------------------------------------------------------ vLLM
-
-
-def vllm() -> list[Cassette]:
-    P, M, E = VLLM_PROV, VLLM_MODEL, "vllm"
-    cid = "chatcmpl-5f0e3c1a9b7d4e2f8a6c0b1d3e5f7a9c"
-    usage = {"prompt_tokens": 14, "total_tokens": 23, "completion_tokens": 9, "prompt_tokens_details": None}
-
-    def body_chat(message: dict[str, Any], finish: str, u: dict[str, Any], logprobs: Any = None) -> bytes:
-        msg = {"role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
-               "function_call": None, "reasoning": None}
-        msg.update(message)
-        return j({"id": cid, "object": "chat.completion", "created": CREATED, "model": M,
-                  "choices": [{"index": 0, "message": msg, "logprobs": logprobs, "finish_reason": finish,
-                               "stop_reason": None, "token_ids": None}],
-                  "service_tier": None, "system_fingerprint": None, "usage": u, "prompt_logprobs": None,
-                  "prompt_token_ids": None, "kv_transfer_params": None})
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        if finish is not None:
-            c["stop_reason"] = None
-        c.update(extra)
-        return {"id": cid, "object": "chat.completion.chunk", "created": CREATED, "model": M, "choices": [c],
-                "usage": None}
-
-    def usage_chunk(p: int, c: int) -> dict[str, Any]:
-        return {"id": cid, "object": "chat.completion.chunk", "created": CREATED, "model": M, "choices": [],
-                "usage": {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}}
-
-    out = []
-    out.append(make(E, E, P, Exchange("chat", "send", chat("Say hello in Japanese.", model=M, sampling=SAMPLING)),
-                    200, JSON_CT, body_chat({"content": "こんにちは！"}, "stop", usage)))
-    # Streaming: role chunk, content pieces, finish chunk, usage chunk. The Japanese text is split across
-    # TCP reads in the middle of a UTF-8 character (stored base64), as a real socket may deliver it.
-    parts = sse(chunk({"role": "assistant", "content": ""}), chunk({"content": "こんに"}), chunk({"content": "ちは"}),
-                chunk({"content": "！"}), chunk({"content": ""}, "stop"), usage_chunk(14, 4))
-    joined = b"".join(parts)
-    cut = joined.index("ちは".encode()) + 1  # inside the 3-byte encoding of ち
-    split = (joined[:cut], joined[cut:cut + 200], joined[cut + 200:])
-    out.append(make(E, E, P, Exchange("chat-stream", "send",
-                                      chat("Say hello in Japanese.", model=M, sampling=SAMPLING, stream=True)),
-                    200, SSE, chunks=split))
-    cmpl = "cmpl-8d2b6f0e4a1c4b7e9f3a5d7c1e0b2a4f"
-    out.append(make(E, E, P, Exchange("completion", "send", _edn("completion", prompt="The capital of France is",
-                                                                   model=M, sampling=SAMPLING)),
-                    200, JSON_CT, j({"id": cmpl, "object": "text_completion", "created": CREATED, "model": M,
-                                     "choices": [{"index": 0, "text": " Paris, a city on the Seine.", "logprobs": None,
-                                                  "finish_reason": "length", "stop_reason": None, "token_ids": None,
-                                                  "prompt_logprobs": None, "prompt_token_ids": None}],
-                                     "service_tier": None, "system_fingerprint": None,
-                                     "usage": {"prompt_tokens": 6, "total_tokens": 22, "completion_tokens": 16,
-                                               "prompt_tokens_details": None}, "kv_transfer_params": None})))
-
-    def cchunk(text: str, finish: str | None = None) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        if finish is not None:
-            c["stop_reason"] = None
-        return {"id": cmpl, "object": "text_completion", "created": CREATED, "model": M, "choices": [c],
-                "usage": None}
-    out.append(make(E, E, P, Exchange("completion-stream", "send",
-                                      _edn("completion", prompt="The capital of France is", model=M,
-                                           sampling=SAMPLING, stream=True)),
-                    200, SSE, chunks=sse(cchunk(" Paris"), cchunk(","), cchunk(" of"), cchunk(" course", "length"),
-                                         {"id": cmpl, "object": "text_completion", "created": CREATED, "model": M,
-                                          "choices": [], "usage": {"prompt_tokens": 6, "total_tokens": 10,
-                                                                   "completion_tokens": 4}})))
-    tool_id = "chatcmpl-tool-3b9f1d7e2c4a4e6b8d0f2a4c6e8b0d1f"
-    tool_req = chat("What is the weather in Paris?", model=M, sampling=SAMPLING, tools=WEATHER_TOOL)
-    out.append(make(E, E, P, Exchange("chat-tool-calls", "send", tool_req), 200, JSON_CT, body_chat(
-        {"content": None, "tool_calls": [{"id": tool_id, "type": "function",
-                                          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-        "tool_calls", {"prompt_tokens": 181, "total_tokens": 201, "completion_tokens": 20,
-                       "prompt_tokens_details": None})))
-    out.append(make(E, E, P, Exchange("chat-tool-calls-stream", "send", {**tool_req, kw("vllm/stream"): True}),
-                    200, SSE, chunks=sse(
-                        chunk({"role": "assistant", "content": ""}),
-                        chunk({"tool_calls": [{"id": tool_id, "type": "function", "index": 0,
-                                               "function": {"name": "get_weather"}}]}),
-                        chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\": "}}]}),
-                        chunk({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}),
-                        chunk({"content": ""}, "tool_calls"), usage_chunk(181, 20))))
-    think = "The user wants 2+2. That is 4."
-    out.append(make(E, E, P, Exchange("chat-reasoning", "send", chat("What is 2+2?", model=M, sampling=SAMPLING)),
-                    200, JSON_CT, body_chat({"content": "2 + 2 = 4.", "reasoning": think}, "stop",
-                                            {"prompt_tokens": 12, "total_tokens": 40, "completion_tokens": 28,
-                                             "prompt_tokens_details": None})))
-    out.append(make(E, E, P, Exchange("chat-reasoning-stream", "send",
-                                      chat("What is 2+2?", model=M, sampling=SAMPLING, stream=True)),
-                    200, SSE, chunks=sse(chunk({"role": "assistant", "content": ""}),
-                                         chunk({"reasoning": "The user wants 2+2."}),
-                                         chunk({"reasoning": " That is 4."}),
-                                         chunk({"content": "2 + 2"}), chunk({"content": " = 4."}),
-                                         chunk({"content": ""}, "stop"), usage_chunk(12, 28))))
-    lp = {"content": [
-        {"token": "Hi", "logprob": -0.0312, "bytes": [72, 105],
-         "top_logprobs": [{"token": "Hi", "logprob": -0.0312, "bytes": [72, 105]},
-                          {"token": "Hello", "logprob": -3.4843, "bytes": [72, 101, 108, 108, 111]}]},
-        {"token": "!", "logprob": -0.2146, "bytes": [33],
-         "top_logprobs": [{"token": "!", "logprob": -0.2146, "bytes": [33]},
-                          {"token": ".", "logprob": -1.6521, "bytes": [46]}]}]}
-    out.append(make(E, E, P, Exchange("chat-logprobs", "send",
-                                      chat("Greet me.", model=M, sampling=_m(max_tokens=2, logprobs=2))),
-                    200, JSON_CT, body_chat({"content": "Hi!"}, "length",
-                                            {"prompt_tokens": 11, "total_tokens": 13, "completion_tokens": 2,
-                                             "prompt_tokens_details": None}, logprobs=lp)))
-    out.append(make(E, E, P, Exchange("completion-logprobs", "send",
-                                      _edn("completion", prompt="1, 2, 3,", model=M, sampling=_m(max_tokens=2,
-                                                                                                 logprobs=1))),
-                    200, JSON_CT, j({"id": cmpl, "object": "text_completion", "created": CREATED, "model": M,
-                                     "choices": [{"index": 0, "text": " 4,", "finish_reason": "length",
-                                                  "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
-                                                  "prompt_token_ids": None,
-                                                  "logprobs": {"text_offset": [0, 2], "token_logprobs": [-0.0051,
-                                                                                                        -0.0007],
-                                                               "tokens": [" 4", ","],
-                                                               "top_logprobs": [{" 4": -0.0051}, {",": -0.0007}]}}],
-                                     "service_tier": None, "system_fingerprint": None,
-                                     "usage": {"prompt_tokens": 7, "total_tokens": 9, "completion_tokens": 2,
-                                               "prompt_tokens_details": None}, "kv_transfer_params": None})))
-    out.append(make(E, E, P, Exchange("models", "models", method="GET", path="/v1/models"), 200, JSON_CT, j(
-        {"object": "list", "data": [{"id": M, "object": "model", "created": CREATED, "owned_by": "vllm", "root": M,
-                                     "parent": None, "max_model_len": 32768, "permission": [
-                                         {"id": "modelperm-7c1e3a5b9d0f4b2c8e6a4c2e0b8d6f4a",
-                                          "object": "model_permission", "created": CREATED,
-                                          "allow_create_engine": False, "allow_sampling": True,
-                                          "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                                          "allow_fine_tuning": False, "organization": "*", "group": None,
-                                          "is_blocking": False}]}]})))
-    out.append(make(E, E, P, Exchange("health", "health", method="GET", path="/health"), 200, {}, b""))
-    out.append(make(E, E, P, Exchange("tokenize", "send", _edn("tokenize", text="Hello, world", model=M)),
-                    200, JSON_CT, j({"count": 3, "max_model_len": 32768, "tokens": [9707, 11, 1879],
-                                     "token_strs": None})))
-    out.append(make(E, E, P, Exchange("detokenize", "send", _edn("detokenize", tokens=[9707, 11, 1879], model=M)),
-                    200, JSON_CT, j({"prompt": "Hello, world"})))
-    out.append(make(E, E, P, Exchange("error-context-length", "send",
-                                      chat("Summarise this.", model=M, sampling=_m(max_tokens=40000))),
-                    400, JSON_CT, j({"error": {
-                        "message": "This model's maximum context length is 32768 tokens. However, you requested "
-                                   "40012 tokens (12 in the messages, 40000 in the completion). Please reduce the "
-                                   "length of the messages or completion.",
-                        "type": "BadRequestError", "param": None, "code": 400}})))
-    out.append(make(E, E, P, Exchange("error-model-not-found", "send", chat("hi", model="no-such-model")),
-                    404, JSON_CT, j({"error": {"message": "The model `no-such-model` does not exist.",
-                                               "type": "NotFoundError", "param": "model", "code": 404}})))
-    out.append(make(E, E, P, Exchange("error-in-stream", "send",
-                                      chat("hi", model=M, sampling=SAMPLING, stream=True)),
-                    200, SSE, chunks=sse(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}),
-                                         {"error": {"message": "EngineCore encountered an issue. See stack trace "
-                                                               "(above) for the root cause.",
-                                                    "type": "InternalServerError", "param": None, "code": 500}})))
-    out.append(make(E, E, P, Exchange("metrics", "probe", method="GET", path="/metrics"), 200,
-                    {"content-type": "text/plain; version=0.0.4; charset=utf-8"}, VLLM_METRICS.encode()))
-    return out
-
-
-VLLM_METRICS = f"""# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{{engine="0",model_name="{VLLM_MODEL}"}} 3.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{{engine="0",model_name="{VLLM_MODEL}"}} 1.0
-# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{{engine="0",model_name="{VLLM_MODEL}"}} 0.4127
-# HELP vllm:num_preemptions_total Cumulative number of preemptions from the engine.
-# TYPE vllm:num_preemptions_total counter
-vllm:num_preemptions_total{{engine="0",model_name="{VLLM_MODEL}"}} 0.0
-# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
-# TYPE vllm:prompt_tokens_total counter
-vllm:prompt_tokens_total{{engine="0",model_name="{VLLM_MODEL}"}} 18231.0
-# HELP vllm:generation_tokens_total Number of generation tokens processed.
-# TYPE vllm:generation_tokens_total counter
-vllm:generation_tokens_total{{engine="0",model_name="{VLLM_MODEL}"}} 6411.0
-# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
-# TYPE vllm:time_to_first_token_seconds histogram
-vllm:time_to_first_token_seconds_sum{{engine="0",model_name="{VLLM_MODEL}"}} 9.81
-vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.1",model_name="{VLLM_MODEL}"}} 88.0
-vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.5",model_name="{VLLM_MODEL}"}} 121.0
-vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="{VLLM_MODEL}"}} 130.0
-vllm:time_to_first_token_seconds_count{{engine="0",model_name="{VLLM_MODEL}"}} 130.0
-"""
-
-
-# ------------------------------------------------------------------------------------------ SGLang
 
 
 def sglang() -> list[Cassette]:
@@ -484,7 +289,8 @@ def router() -> list[Cassette]:
 
 
 def main() -> None:
-    for engine, cassettes in (("vllm", vllm()), ("sglang", sglang()), ("router", router())):
+    # vLLM's cassettes are recorded from its real serving layer: scripts/record-vllm.
+    for engine, cassettes in (("sglang", sglang()), ("router", router())):
         d = HERE / engine
         for old in d.glob("*.edn") if d.is_dir() else ():
             if "\n :cassette/provenance {:cassette/how :derived" in old.read_text(encoding="utf-8"):

@@ -88,6 +88,8 @@ class FakeScheduler:
             getattr(server_args, "schedule_low_priority_values_first", False))
         shell.rust_server = None
         shell.ipc_channels = self.channels
+        shell.enable_hierarchical_cache = False
+        shell.page_size = 1
         self.admission = shell
 
     def _metrics_collector(self) -> Any:
@@ -104,14 +106,13 @@ class FakeScheduler:
     # ------------------------------------------------------------------ the loop
 
     def serve(self, pipe_writer: Any) -> None:
-        from sglang.srt.mem_cache.hicache_storage import disabled_l3_layout
         from sglang.srt.observability.startup_time import build_scheduler_startup_time
         self.startup_time = build_scheduler_startup_time(
             target_load_weight=0.0, draft_load_weight=0.0, kv_cache_allocation=0.0,
             scheduler_e2e=time.perf_counter() - self.started, target_cuda_graph=None, draft_cuda_graph=None)
         pipe_writer.send({"status": "ready", "max_total_num_tokens": self.context_len * self.max_running,
                           "max_req_input_len": self.context_len - 5, "startup_time": self.startup_time,
-                          "hicache_object_layout": disabled_l3_layout("fake scheduler", page_size=1)})
+                          "hicache_object_layout": type(self.admission)._hicache_l3_layout(self.admission)})
         sock = self.channels.recv_from_tokenizer
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
