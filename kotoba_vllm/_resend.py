@@ -43,6 +43,23 @@ class AttemptEvidence:
     def response_started(self) -> None:
         self.response_seen = True
 
+    # The same facts under the names the wires (`_wire`, `_aiohttp_wire`) write: a transport's latest word wins.
+    @property
+    def new_connection(self) -> bool | None:
+        return None if self.reused is None else not self.reused
+
+    @new_connection.setter
+    def new_connection(self, new: bool) -> None:
+        self.reused = not new
+
+    @property
+    def got_response(self) -> bool | None:
+        return self.response_seen
+
+    @got_response.setter
+    def got_response(self, got: bool) -> None:
+        self.response_seen = got
+
     @property
     def stale_connection(self) -> bool:
         """Positive evidence of the one resendable failure."""
