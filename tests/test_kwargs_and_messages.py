@@ -79,7 +79,7 @@ def test_openai_dict_messages_keep_tool_calls_ids_and_names(mode: str) -> None:
             import asyncio
 
             async def go() -> None:
-                async with AsyncClient(BASE, backend="vllm") as c:
+                async with AsyncClient(BASE, backend="vllm", http_client=httpx.AsyncClient()) as c:  # respx: httpx
                     await c.chat(TOOL_TURNS)
             asyncio.run(go())
         sent = json.loads(route.calls[0].request.content)["messages"]
