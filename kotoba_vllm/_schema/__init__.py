@@ -77,8 +77,8 @@ def distributed() -> dict[Any, Any]:
 
 def cassette() -> dict[Any, Any]:
     return {kw("shape/Cassette"): observe(_samples.cassette_samples(),
-                                          {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/_cassette/"
-                                                                                          "expect.py (per cassette)"})}
+                                          {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/cassettes/"
+                                                                                          "_expect.py (per cassette)"})}
 
 
 def batch() -> dict[Any, Any]:
@@ -102,7 +102,7 @@ FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
     "cassette.edn": ("A cassette file. Observed: what Cassette.to_edn writes for every cassette in tests/cassettes"
                      " and the base64 branches", cassette),
     "batch.edn": ("The batch summary. Observed: what BatchSummary.to_edn writes for sample runs", batch),
-    "bench.edn": ("One bench result row. Observed: what bench.report.summary_edn writes for sample rows", bench),
+    "bench.edn": ("One bench result row. Observed: what bench._report.summary_edn writes for sample rows", bench),
 }
 GEN = "by `python -m kotoba_vllm._schema --write`."
 

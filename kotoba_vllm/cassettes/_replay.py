@@ -19,7 +19,7 @@ from .._client import AsyncClient, Client
 from .._edn import kw
 from .._errors import KotobaError
 from .._model import StreamDelta
-from ..cassettes import Cassette
+from ._format import Cassette
 from ..dialects import classify_error
 
 BASE_URL = "http://cassette.invalid:8000"
