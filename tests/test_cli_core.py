@@ -121,7 +121,7 @@ def test_validate_duplicate_key(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_validate_with_backend_adds_engine_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = write(tmp_path, "re.edn", '{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content "x"}]'
-                                  ' :vllm/sampling {:vllm/guided-regex "[0-9]+"}}')
+                                  ' :vllm/sampling {:vllm/guided-regex "(a)\\\\1"}}')  # a back-reference
     assert run_cli(capsys, "validate", f)[0] == 0
     code, out, _ = run_cli(capsys, "validate", f, "--backend", "llamacpp")
     assert code == 1 and read_all(out)[0][kw("vllm/engine")] == kw("llamacpp")

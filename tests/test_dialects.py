@@ -114,12 +114,33 @@ def test_llamacpp_structured_output_is_json_schema_or_grammar() -> None:
     choice = render("llamacpp", as_endpoint("generate", '{:vllm/guided-choice ["yes" "no"]}'))["body"]
     assert choice["grammar"] == 'root ::= "yes" | "no"'
 
+@pytest.mark.parametrize("endpoint", ["chat", "completion", "generate"])
+def test_llamacpp_guided_regex_is_a_grammar_on_every_text_route(endpoint: str) -> None:
+    from _gbnf import Grammar
+    body = render("llamacpp", as_endpoint(endpoint, '{:vllm/guided-regex "[a-c]{2}-\\\\d|日本"}'))["body"]
+    assert "regex" not in body and "json_schema" not in body
+    g = Grammar.parse(body["grammar"])
+    assert g.accepts("ab-7") and g.accepts("日本") and not g.accepts("ab-") and not g.accepts("ad-7")
+
+def test_llamacpp_choice_grammar_escapes_what_json_escaping_would_break() -> None:
+    # JSON's \ud83d\ude00 surrogate pair or \b would not mean the character in GBNF
+    choice = render("llamacpp", as_endpoint("chat", '{:vllm/guided-choice ["😀" "a\\"b"]}'))["body"]
+    assert choice["grammar"] == 'root ::= "😀" | "a\\"b"'
+
+def test_rendering_an_untranslatable_regex_without_validating_raises_the_problem() -> None:
+    from kotoba_vllm import ValidationError
+    req = req_of('{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content "x"}]'
+                 ' :vllm/sampling {:vllm/guided-regex "(?<=a)b"}}')
+    with pytest.raises(ValidationError) as e:
+        get_dialect("llamacpp").render(req)
+    assert e.value.problems[0].field == "vllm/guided-regex" and "look-behind" in e.value.problems[0].msg
+
 def test_every_example_renders_or_is_refused_with_a_named_problem() -> None:
     from pathlib import Path
 
     from kotoba_vllm._edn import read_file
     root = Path(__file__).resolve().parent.parent / "examples"
-    for path in [root / f"{n}.edn" for n in ("chat", "completion", "streaming", "structured", "tool-call")]:
+    for path in [root / f"{n}.edn" for n in ("chat", "completion", "streaming", "structured", "regex", "tool-call")]:
         for form in read_file(str(path)):
             req, problems = request_from_edn(form.value, form)
             assert problems == [] and req is not None, (path, problems)

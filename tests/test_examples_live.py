@@ -3,6 +3,7 @@ except the invalid requests `batch.*` carry on purpose (reported, never sent).""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from kotoba_vllm import kw, read_forms
 ROOT = Path(__file__).resolve().parent.parent
 # file -> request ids expected to be refused before sending
 EXAMPLES = {"chat.edn": set(), "completion.edn": set(), "streaming.edn": set(), "structured.edn": set(),
-            "tool-call.edn": set(), "batch.edn": {"too-hot"}, "bench-prompts.edn": set()}
+            "regex.edn": set(), "tool-call.edn": set(), "batch.edn": {"too-hot"}, "bench-prompts.edn": set()}
 
 
 @pytest.mark.live
@@ -45,3 +46,18 @@ def test_guided_choice_example_is_constrained(llama_url: str) -> None:
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     first = next(f.value for f in read_forms(p.stdout, "stdout") if f.value.get(kw("vllm/request-id")) == "choice-1")
     assert first[kw("vllm/text")] in ("yes", "no")
+
+
+@pytest.mark.live
+def test_guided_regex_example_is_constrained(llama_url: str) -> None:
+    """The grammar translated from each :vllm/guided-regex holds the (random) model to the regex."""
+    p = subprocess.run([sys.executable, "-m", "kotoba_vllm", "run", "examples/regex.edn", "--base-url",
+                        llama_url, "--backend", "llamacpp", "--no-progress"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    regexes = {f.value[kw("vllm/request-id")]: f.value[kw("vllm/sampling")][kw("vllm/guided-regex")]
+               for f in read_forms((ROOT / "examples" / "regex.edn").read_text(), "regex.edn")}
+    records = {f.value[kw("vllm/request-id")]: f.value for f in read_forms(p.stdout, "stdout")
+               if kw("vllm/request-index") in f.value}
+    assert set(records) == set(regexes), p.stderr
+    for rid, pattern in regexes.items():
+        assert re.fullmatch(pattern, records[rid][kw("vllm/text")]), (rid, records[rid])

@@ -124,11 +124,32 @@ def test_best_of_refused_for_vllm() -> None:
     assert errors(chat(n=1, best_of=2), "vllm") == [("engine/unsupported", "vllm/best-of", "vllm")]
 
 
-def test_guided_regex_refused_for_llamacpp_but_fine_elsewhere() -> None:
-    assert errors(chat(guided_regex="[0-9]+"), "llamacpp") == [("engine/unsupported", "vllm/guided-regex",
-                                                               "llamacpp")]
-    assert errors(chat(guided_regex="[0-9]+"), "vllm") == []
-    assert errors(chat(guided_regex="[0-9]+"), "sglang") == []
+def test_guided_regex_is_honoured_by_every_engine_with_structured_output() -> None:
+    for backend in ("llamacpp", "vllm", "sglang"):
+        assert errors(chat(guided_regex="[0-9]+"), backend) == []
+    assert errors(GenerateRequest(prompt="p", sampling=Sampling(guided_regex="[0-9]+")), "llamacpp") == []
+
+
+@pytest.mark.parametrize("pattern, construct", [(r"(a)\1", "back-reference to group 1"), (r"a(?=b)", "look-ahead"),
+                                                (r"\bx", "word boundary"), ("(?i)yes", "case-insensitive")])
+def test_a_regex_llamacpp_cannot_enforce_is_a_problem_naming_key_construct_and_engine(pattern: str,
+                                                                                      construct: str) -> None:
+    [p] = [p for p in validate(chat(guided_regex=pattern), "llamacpp") if p.is_error]
+    assert (p.code, p.field, p.engine) == ("engine/unsupported", "vllm/guided-regex", "llamacpp")
+    assert construct in p.msg and ":vllm/guided-regex" in p.msg and "llamacpp" in p.msg
+    assert errors(chat(guided_regex=pattern), "vllm") == []  # vLLM's engines take it as it is
+
+
+def test_an_invalid_regex_is_a_problem_for_llamacpp() -> None:
+    [p] = [p for p in validate(chat(guided_regex="(unclosed"), "llamacpp") if p.is_error]
+    assert p.field == "vllm/guided-regex" and "not a valid regular expression" in p.msg
+
+
+def test_guided_regex_or_choice_with_a_raw_grammar_is_a_conflict_on_llamacpp() -> None:
+    for attr, value in (("guided_regex", "[0-9]+"), ("guided_choice", ("a", "b"))):
+        req = ChatRequest(messages=HI, sampling=Sampling(**{attr: value}), extras={"llamacpp/grammar": "root ::= \"x\""})
+        key = "vllm/" + attr.replace("_", "-")
+        assert errors(req, "llamacpp") == [("sampling/conflict", key, "llamacpp")]
 
 
 def test_n_above_one_refused_for_llamacpp() -> None:

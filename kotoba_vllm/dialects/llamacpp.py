@@ -4,7 +4,8 @@ Facts this module encodes: the native route takes `n_predict`, `json_schema` (an
 `grammar` (GBNF), `cache_prompt`, `id_slot`, `n_probs`; the repetition penalty is
 `repeat_penalty`; one choice per request; every answer carries `timings` (prompt and
 predicted tokens and ms, `cache_n`), which is the server's own prefill/decode split.
-A 503 while the model loads is not-ready, not admission.
+A 503 while the model loads is not-ready, not admission. `:vllm/guided-choice` and
+`:vllm/guided-regex` become a GBNF `grammar` (the regex translated by `_regex_gbnf`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ import json
 from typing import Any, ClassVar
 
 from .._codec import edn_to_json, json_to_edn
-from .._errors import ProtocolError
+from .._errors import ProtocolError, ValidationError
 from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
                       TokenizeRequest, Usage)
 from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, llamacpp_server_timings
 from .openai import ChunkStream, Dialect, int_or_none, schema_json, str_or_none
 from ._http import HttpRequest
+from ._regex_gbnf import Untranslatable, gbnf_literal, regex_to_gbnf
 
 LLAMACPP_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                                "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs", "guided_json",
-                               "guided_choice"})
+                               "guided_regex", "guided_choice"})
 RENAMES = {"repetition_penalty": "repeat_penalty"}
 NATIVE_NAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "logprobs": "n_probs"}
 ALL_ROUTES = frozenset({"chat", "completion", "generate"})
@@ -34,7 +36,34 @@ STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length", "none": None}
 
 def choice_grammar(choices: tuple[str, ...]) -> str:
     """GBNF accepting exactly one of the choices."""
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+    return "root ::= " + " | ".join(gbnf_literal(c) for c in choices)
+
+
+def regex_problem(pattern: str, engine: str) -> Problem | None:
+    """The validation problem for a regex llama.cpp's grammars cannot express exactly, if any."""
+    grammar = regex_to_gbnf(pattern)
+    return untranslatable(grammar, engine) if isinstance(grammar, Untranslatable) else None
+
+
+def untranslatable(why: Untranslatable, engine: str) -> Problem:
+    if why.invalid:
+        msg = f":vllm/guided-regex is not a valid regular expression ({why.construct}), so no {engine} grammar"
+    else:
+        msg = (f":vllm/guided-regex uses {why.construct}; {engine} enforces a regex as a grammar, and no grammar "
+               "expresses that exactly")
+    return Problem("error", "engine/unsupported", msg, field="vllm/guided-regex", engine=engine)
+
+
+def structured_grammar(s: Sampling) -> str | None:
+    """The GBNF grammar standing for :vllm/guided-choice or :vllm/guided-regex, if either is set."""
+    if s.guided_choice is not None:
+        return choice_grammar(s.guided_choice)
+    if s.guided_regex is not None:
+        grammar = regex_to_gbnf(s.guided_regex)
+        if isinstance(grammar, Untranslatable):  # render without validate first: still never a looser grammar
+            raise ValidationError([untranslatable(grammar, "llamacpp")])
+        return grammar
+    return None
 
 
 class LlamacppDialect(Dialect):
@@ -70,10 +99,14 @@ class LlamacppDialect(Dialect):
         if s is not None and s.n is not None and s.n != 1:
             out.append(Problem("error", "engine/unsupported", "llama-server answers one choice per request; "
                                f":vllm/n {s.n} would be rejected", field="vllm/n", engine=self.name))
-        if s is not None and s.guided_choice is not None and "llamacpp/grammar" in req.extras:
-            out.append(Problem("error", "sampling/conflict", ":vllm/guided-choice becomes a grammar on llama.cpp and "
-                               "cannot be combined with :llamacpp/grammar", field="vllm/guided-choice",
-                               engine=self.name))
+        for attr, key in (("guided_choice", "vllm/guided-choice"), ("guided_regex", "vllm/guided-regex")):
+            if s is not None and getattr(s, attr) is not None and "llamacpp/grammar" in req.extras:
+                out.append(Problem("error", "sampling/conflict", f":{key} becomes a grammar on llama.cpp and "
+                                   "cannot be combined with :llamacpp/grammar", field=key, engine=self.name))
+        if s is not None and s.guided_regex is not None and req.endpoint in self.routes:
+            problem = regex_problem(s.guided_regex, self.name)
+            if problem is not None:
+                out.append(problem)
         return out
 
     def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
@@ -82,8 +115,9 @@ class LlamacppDialect(Dialect):
                 body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema_json(s.guided_json)}}
             else:
                 body["json_schema"] = schema_json(s.guided_json)
-        if s.guided_choice is not None:
-            body["grammar"] = choice_grammar(s.guided_choice)
+        grammar = structured_grammar(s)
+        if grammar is not None:
+            body["grammar"] = grammar
 
     def render_generate(self, req: Request) -> HttpRequest:
         assert isinstance(req, GenerateRequest)
@@ -102,8 +136,9 @@ class LlamacppDialect(Dialect):
                 body[NATIVE_NAMES.get(attr, attr)] = v
             if s.guided_json is not None:
                 body["json_schema"] = schema_json(s.guided_json)
-            if s.guided_choice is not None:
-                body["grammar"] = choice_grammar(s.guided_choice)
+            grammar = structured_grammar(s)
+            if grammar is not None:
+                body["grammar"] = grammar
         for key, value in req.extras.items():
             body[self.extras[key][0]] = edn_to_json(value)
         if req.stream:
