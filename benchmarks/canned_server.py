@@ -7,6 +7,11 @@ request line, `content-length` and (for POSTs) the JSON body. Answers are prebui
   says `"stream": true`, an SSE stream of `max_tokens` chunks (default `--chunks`) plus a usage
   chunk and `[DONE]`, sent chunked in one write.
 - `GET /v1/models`, `GET /health`: tiny JSON. Anything else: 404 (so backend detection says "openai").
+- `GET /_stats`: connections accepted and requests by path since start (the benchmark counts
+  connections per contender from it; its own connection is counted too).
+
+`--delay-ms N` answers every POST N ms after reading it (a server that takes time, as a GPU does),
+without blocking the others.
 
 Run it in its own process: `python benchmarks/canned_server.py [--port 0]` prints `PORT <n>` once
 listening. `CannedServer()` is a context manager that does exactly that from Python.
@@ -18,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -84,14 +90,24 @@ class _Streams:
         return out
 
 
+class Stats:
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests: dict[str, int] = {}
+
+
 class Http(asyncio.Protocol):
-    def __init__(self, streams: _Streams, default_chunks: int) -> None:
+    def __init__(self, streams: _Streams, default_chunks: int, delay_s: float = 0.0,
+                 stats: Stats | None = None) -> None:
         self.buf = b""
         self.streams, self.default_chunks = streams, default_chunks
+        self.delay_s = delay_s
+        self.stats = stats or Stats()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.stats.connections += 1
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -111,12 +127,25 @@ class Http(asyncio.Protocol):
             body = self.buf[end + 4:end + 4 + length]
             self.buf = self.buf[end + 4 + length:]
             assert self.transport is not None
-            self.transport.write(self.answer(head, body))
+            out = self.answer(head, body)
+            if self.delay_s and head[:4] == b"POST":
+                asyncio.get_running_loop().call_later(self.delay_s, self._write, out)
+            else:
+                self.transport.write(out)
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
     def answer(self, head: bytes, body: bytes) -> bytes:
         line = head.split(b"\r\n", 1)[0]
         method, path = line.split(b" ", 2)[:2]
         path = path.split(b"?", 1)[0]
+        key = path.decode("latin-1")
+        self.stats.requests[key] = self.stats.requests.get(key, 0) + 1
+        if path == b"/_stats":
+            return _response("200 OK", json.dumps({"connections": self.stats.connections,
+                                                   "requests": self.stats.requests}).encode())
         if method == b"POST" and path in (b"/v1/chat/completions", b"/v1/completions"):
             try:
                 req = json.loads(body) if body else {}
@@ -132,10 +161,11 @@ class Http(asyncio.Protocol):
         return NOT_FOUND
 
 
-async def serve(host: str, port: int, chunks: int) -> None:
+async def serve(host: str, port: int, chunks: int, delay_ms: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
     streams = _Streams()
-    server = await loop.create_server(lambda: Http(streams, chunks), host, port, backlog=1024)
+    stats = Stats()
+    server = await loop.create_server(lambda: Http(streams, chunks, delay_ms / 1e3, stats), host, port, backlog=4096)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -144,14 +174,24 @@ async def serve(host: str, port: int, chunks: int) -> None:
 class CannedServer:
     """Start the canned server in a child process; `.base_url` once ready; stop on exit."""
 
-    def __init__(self, chunks: int = 1000) -> None:
+    def __init__(self, chunks: int = 1000, delay_ms: float = 0.0, cpu: int | None = None) -> None:
         self.chunks = chunks
+        self.delay_ms = delay_ms
+        self.cpu = cpu  # pin to this core (taskset) when given and available
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
 
+    def stats(self) -> dict[str, Any]:
+        import urllib.request
+        with urllib.request.urlopen(self.base_url + "/_stats", timeout=10) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
     def __enter__(self) -> "CannedServer":
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--port", "0",
-                                      "--chunks", str(self.chunks)], stdout=subprocess.PIPE, text=True)
+        argv = [sys.executable, os.path.abspath(__file__), "--port", "0", "--chunks", str(self.chunks),
+                "--delay-ms", str(self.delay_ms)]
+        if self.cpu is not None and shutil.which("taskset"):
+            argv = ["taskset", "-c", str(self.cpu)] + argv
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
@@ -179,11 +219,12 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--chunks", type=int, default=1000, help="chunks per stream when the body has no max_tokens")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="answer every POST this many ms after reading it")
     a = ap.parse_args()
     if a.host not in ("127.0.0.1", "::1", "localhost"):
         raise SystemExit("loopback only")
     try:
-        asyncio.run(serve(a.host, a.port, a.chunks))
+        asyncio.run(serve(a.host, a.port, a.chunks, a.delay_ms))
     except KeyboardInterrupt:
         pass
 

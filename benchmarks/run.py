@@ -1,10 +1,13 @@
 """`python benchmarks/run.py [--quick]`: every scenario side by side, printed as ratios from one run.
 
-Contenders on the same server in the same process, interleaved: raw httpx (the floor: minimal
-code), kotoba_vllm, openai-python (`max_retries=0`), and for EDN `edn_format` alone. Servers: the
-canned server (`canned_server.py`, own process: the client dominates) and, when the binary is
-installed, a real local llama-server with the tiny model. Absolute times are noisy on shared
-machines; read the ratio columns. Results also go to `benchmarks/results/<date>.edn`.
+Sync contenders on the same server in the same process, interleaved: raw httpx (the floor:
+minimal code), kotoba_vllm, openai-python (`max_retries=0`), and for EDN `edn_format` alone.
+Batch throughput (d) runs each contender in its own pinned process (`_throughput.py`): raw
+aiohttp (the practical floor), raw httpx, raw httpx2, openai-python, flexllm, kotoba's
+`AsyncClient` and `run`. Servers: the canned server (`canned_server.py`, own process: the client
+dominates) and, when the binary is installed, a real local llama-server with the tiny model.
+Absolute times are noisy on shared machines; read the ratio columns. Each run writes its own
+`benchmarks/results/<date>T<time>Z.edn`; `readme_table.py` renders the README table from one.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ import asyncio
 import datetime as dt
 import os
 import platform
-import statistics
+import shutil
 import sys
-import time
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,6 +27,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 import _batch  # noqa: E402
 import _edn_bench  # noqa: E402
 import _measure as m  # noqa: E402
+import _throughput  # noqa: E402
 from _clients import AsyncSet, SyncSet  # noqa: E402
 from canned_server import CannedServer  # noqa: E402
 
@@ -36,8 +39,9 @@ class Sizes:
         self.latency_n = 100 if quick else 300
         self.cpu_rounds, self.cpu_block = (4, 25) if quick else (10, 50)
         self.stream_rounds, self.stream_chunks = (2, 1000) if quick else (4, 1000)
-        self.async_total = 300 if quick else 1000
-        self.async_rounds = 3 if quick else 5
+        self.concs = (1, 16, 64, 256)
+        self.conc_n = {1: 100, 16: 600, 64: 600, 256: 600} if quick else {1: 300, 16: 3000, 64: 3000, 256: 3000}
+        self.conc_rounds = 1 if quick else 3
         self.open_streams = 32 if quick else 128
         self.memory_total, self.memory_first = (2000, 500) if quick else (10_000, 1000)
         self.edn_sizes = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
@@ -46,10 +50,11 @@ class Sizes:
         self.llama_latency_n = 60 if quick else 300
         if smoke:  # the harness runs end to end; the numbers mean nothing
             self.latency_n, self.cpu_rounds, self.cpu_block = 3, 1, 2
-            self.stream_rounds, self.stream_chunks, self.async_total, self.open_streams = 1, 50, 8, 2
-            self.async_rounds = 1
+            self.stream_rounds, self.stream_chunks, self.open_streams = 1, 50, 2
+            self.concs, self.conc_n, self.conc_rounds = (1, 4), {1: 5, 4: 12}, 1
             self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
             self.batch_n, self.llama_latency_n = 5, 3
+        self.contenders = ("aiohttp", "kotoba", "kotoba-run") if smoke else _throughput.CONTENDERS
 
 
 def row(scenario: str, server: str, unit: str, values: dict[str, float | None],
@@ -90,38 +95,63 @@ def sync_rows(base_url: str, server: str, s: Sizes, backend: str, model: str, st
 
 
 def async_rows(base_url: str, s: Sizes) -> list[dict[str, Any]]:
+    """Heap held per open stream, in one process (throughput is `throughput_rows`, a process each)."""
     async def go() -> list[dict[str, Any]]:
         c = AsyncSet(base_url, "canned", stream_tokens=1000)
-        out = []
         try:
-            for fn in c.chat.values():
-                await m.throughput(fn, 4, 20)
-            for conc in (1, 16, 128):
-                rps: dict[str, list[float]] = {k: [] for k in c.chat}
-                cpu: dict[str, list[float]] = {k: [] for k in c.chat}
-                for r in range(s.async_rounds):
-                    names = list(c.chat)[r % 3:] + list(c.chat)[:r % 3]
-                    for name in names:
-                        p = time.process_time()
-                        rps[name].append(await m.throughput(c.chat[name], conc, s.async_total))
-                        cpu[name].append((time.process_time() - p) / s.async_total * 1e6)
-                med = {k: statistics.median(v) for k, v in rps.items()}
-                # shown as time per request (1/throughput) so that, like every row, lower is better
-                inv = {k: 1e3 / v for k, v in med.items()}
-                out.append(row(f"d. async, concurrency {conc}", "canned", "ms/req", inv, (("httpx", 1.1),),
-                               f"1/median throughput of {s.async_rounds} rounds of {s.async_total}; "
-                               + " ".join(f"{k}={v:.0f}/s" for k, v in med.items())))
-                out.append(row(f"d. async CPU per request, conc {conc}", "canned", "us",
-                               {k: statistics.median(v) for k, v in cpu.items()},
-                               (("httpx", 1.2), ("openai", 0.5))))
             held = {name: await m.memory_per_stream(fn, s.open_streams) for name, fn in c.open_stream.items()}
-            out.append(row("d. heap per open stream", "canned", "KB", held, (("openai", 1.0),),
-                           f"{s.open_streams} streams open, one delta read from each"))
+            return [row("d. heap per open stream", "canned", "KB", held, (("httpx", 1.5), ("openai", 1.0)),
+                        f"{s.open_streams} streams open, one delta read from each")]
         finally:
             await c.aclose()
-        return out
 
     return asyncio.run(go())
+
+
+PEER_NAMES = ("aiohttp", "httpx", "httpx2", "openai", "flexllm")
+
+
+def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                     list[str]]:
+    """Rows for the table, the raw per-contender results, and notes."""
+    res, notes = _throughput.matrix(s.concs, s.conc_n, s.conc_rounds, step, s.contenders)
+    rows = []
+    for conc in s.concs:
+        at = {r["contender"]: r for r in res if r["concurrency"] == conc}
+
+        def vals(key: str, me: str, invert: bool = False) -> dict[str, float | None]:
+            def v(name: str) -> float | None:
+                x = at.get(name, {}).get(key)
+                return (1e3 / x if x else None) if invert else x
+            return {"kotoba": v(me), **{p: v(p) for p in PEER_NAMES}}
+        rounds = f"median of {s.conc_rounds} round(s) of {s.conc_n[conc]} requests, a process each"
+        for me, label, limit in (("kotoba", "AsyncClient", 1.5), ("kotoba-run", "run", 2.0)):
+            rows.append(row(f"d. {label} CPU per request, conc {conc}", "canned+20ms", "ms", vals("cpu_ms_per_req", me),
+                            (("aiohttp", limit), ("flexllm", 1.0), ("openai", 1.0)), rounds))
+            rows.append(row(f"d. {label} time per request, conc {conc}", "canned+20ms", "ms/req",
+                            vals("req_per_s", me, invert=True), (("flexllm", 1.0), ("openai", 1.0)),
+                            "1/throughput; " + " ".join(f"{k}={at[k]['req_per_s']:.0f}/s" for k in at
+                                                       if at[k].get("req_per_s"))))
+            rows.append(row(f"d. {label} p99 latency, conc {conc}", "canned+20ms", "ms", vals("p99_ms", me),
+                            (("flexllm", 1.0), ("openai", 1.0))))
+        conns = {k: r.get("connections_max") for k, r in at.items()}
+        rows.append(row(f"d. connections at the server, conc {conc}", "canned+20ms", "conns",
+                        {"kotoba": conns.get("kotoba"), "run": conns.get("kotoba-run"),
+                         **{p: conns.get(p) for p in PEER_NAMES}}, (),
+                        "distinct connections accepted per run (warm-up included); the target is = concurrency"))
+        pool, one = at.get("kotoba-run-pool"), at.get("kotoba-run")
+        if pool and one and pool.get("cpu_ms_per_req") and one.get("cpu_ms_per_req"):
+            rows.append(row(f"d. run --pool (2 members), conc {conc}", "canned+20ms", "ms",
+                            {"kotoba": pool["cpu_ms_per_req"], "run": one["cpu_ms_per_req"],
+                             "run-ms-per-req": 1e3 / one["req_per_s"] if one.get("req_per_s") else None},
+                            (("run", 1.5),),
+                            f"probes/request {pool.get('probes_per_request', 0):.3f}; first member got "
+                            f"{100 * pool.get('split_first', 0):.0f}%; throughput {pool.get('req_per_s') or 0:.0f}/s "
+                            f"vs run {one.get('req_per_s') or 0:.0f}/s"))
+        for r in at.values():
+            if r.get("error"):
+                notes.append(f"conc {conc} {r['contender']}: {r['error']}")
+    return rows, res, notes
 
 
 def edn_rows(s: Sizes) -> tuple[list[dict[str, Any]], float]:
@@ -190,6 +220,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         first = True
         for name, ratio in r["ratios"].items():
+            if r["values"].get(name) is None:
+                continue  # a contender not measured in this run
             tgt = [(k, v) for k, v in r["targets"].items() if k.startswith(name + "<=")]
             mark = " ".join(f"{k} {'ok' if v else ('MISS' if v is False else '?')}" for k, v in tgt)
             lines.append(f"{r['scenario'] if first else '':<40} {r['server'] if first else '':<12} "
@@ -206,12 +238,23 @@ def machine() -> dict[str, Any]:
     import httpx
     import openai
     import importlib.util
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(dist: str) -> str | None:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return None
     return {"nproc": os.cpu_count(), "ram-gb": round(ram, 1), "python": platform.python_version(),
             "orjson": importlib.util.find_spec("orjson") is not None, "load-avg-1m": os.getloadavg()[0],
-            "httpx": httpx.__version__, "openai": openai.__version__, "platform": platform.platform()}
+            "load-avg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "httpx": httpx.__version__, "openai": openai.__version__, "aiohttp": ver("aiohttp"),
+            "httpx2": ver("httpx2"), "flexllm": ver("flexllm"), "platform": platform.platform(),
+            "taskset": shutil.which("taskset") is not None}
 
 
-def to_edn_result(date: str, mach: dict[str, Any], rows: list[dict[str, Any]], notes: list[str]) -> Any:
+def to_edn_result(date: str, mach: dict[str, Any], rows: list[dict[str, Any]], notes: list[str],
+                  throughput: list[dict[str, Any]] | None = None) -> Any:
     def k(x: str) -> Any:
         return kw("bench/" + x.replace("_", "-").replace("<=", "-max-"))
 
@@ -221,7 +264,8 @@ def to_edn_result(date: str, mach: dict[str, Any], rows: list[dict[str, Any]], n
         if isinstance(v, float):
             return round(v, 4)
         return v
-    return {k("date"): date, k("machine"): clean(mach), k("notes"): notes, k("rows"): [clean(r) for r in rows]}
+    return {k("date"): date, k("machine"): clean(mach), k("notes"): notes, k("rows"): [clean(r) for r in rows],
+            k("throughput"): [clean(r) for r in throughput or []]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             step("a-c sync against the canned server")
             rows += sync_rows(canned.base_url, "canned", s, "openai", "canned", s.stream_chunks, s.latency_n)
         if "d" in a.only:
-            step("d async throughput and memory")
+            step("d heap per open stream")
             rows += async_rows(canned.base_url, s)
         read_us = None
         if "e" in a.only:
@@ -252,12 +296,19 @@ def main(argv: list[str] | None = None) -> int:
         if "f" in a.only:
             step("f batch run")
             rows += batch_rows(canned.base_url, s, read_us)
+    throughput: list[dict[str, Any]] = []
+    if "d" in a.only:
+        step("d batch throughput, a process per contender")
+        trows, throughput, tnotes = throughput_rows(s, step)
+        rows += trows
+        notes += tnotes
     if not a.no_llama and set("abc") & set(a.only):
         step("a-c against a real llama-server")
         lrows, note = llama_rows(s)
         rows += lrows
         notes.append(note)
-    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    now = dt.datetime.now(dt.timezone.utc)
+    date = now.strftime("%Y-%m-%dT%H:%MZ")
     mach = machine()
     print(f"kotoba_vllm benchmarks {date}  nproc={mach['nproc']} ram={mach['ram-gb']}GB python={mach['python']} "
           f"httpx={mach['httpx']} openai={mach['openai']} orjson={mach['orjson']} "
@@ -266,9 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         print(";; " + n)
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, date[:10] + ("-smoke" if a.smoke else "-quick" if a.quick else "") + ".edn")
+    # one file per run: a later run never overwrites the file a table was taken from
+    path = os.path.join(a.out, now.strftime("%Y-%m-%dT%H%M%SZ") + ("-smoke" if a.smoke else "-quick" if a.quick
+                                                                    else "") + ".edn")
     with open(path, "w") as fh:
-        fh.write(pretty(to_edn_result(date, mach, rows, notes)) + "\n")
+        fh.write(pretty(to_edn_result(date, mach, rows, notes, throughput)) + "\n")
     print(f";; results: {path}")
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Iterable, Iterator, Mapping, Union
 
 import attrs
 import httpx
@@ -244,6 +244,11 @@ class SseDecoder:
         self._skip_lf = False  # the last chunk ended in CR: a leading LF belongs to that CRLF
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        return list(self.events(chunk))
+
+    def events(self, chunk: bytes) -> Iterator[tuple[str | None, str]]:
+        """`feed`, lazily: each event is decoded only when asked for, so a consumer holding the
+        first delta of a large read does not hold every event of that read decoded."""
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
@@ -254,18 +259,22 @@ class SseDecoder:
                 self._skip_lf = True
                 buf += b"\n"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = buf.split(b"\n")
-        self._buf = lines.pop()
-        out: list[tuple[str | None, str]] = []
+        cut = buf.rfind(b"\n") + 1
+        self._buf = buf[cut:]  # an incomplete last line waits for the next read
         data = self._data
-        for line in lines:
+        start, find = 0, buf.find
+        while start < cut:
+            end = find(b"\n", start)
+            line = buf[start:end]
+            start = end + 1
             if line[:6] == b"data: ":
                 data.append(line[6:].decode("utf-8", "replace"))
             elif not line:
                 if data or self._event is not None:
-                    out.append((self._event, "\n".join(data)))
-                    data = self._data = []
-                    self._event = None
+                    event, self._event = self._event, None
+                    self._data = []
+                    yield event, "\n".join(data)
+                    data = self._data
             elif line[:1] != b":":
                 name, _, value = line.partition(b":")
                 if value[:1] == b" ":
@@ -277,7 +286,6 @@ class SseDecoder:
                 elif name == b"error":  # llama-server writes mid-stream failures as `error: {...}` lines
                     data.append(value.decode("utf-8", "replace"))
                     self._event = "error"
-        return out
 
 
 def server_root(url: str) -> str:

@@ -23,6 +23,7 @@ from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, Embeddi
                      ModelsResponse, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
+from ._wire import Answer, AsyncWire, HttpxWire, default_wire
 
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
 MAX_RESENDS = 4  # bounded by stale pooled connections; a fresh one is never resent
@@ -98,7 +99,7 @@ class Stream:
 class AsyncStream:
     """Async twin of `Stream`. Cancelling the consuming task closes the connection."""
 
-    def __init__(self, client: "AsyncClient", plan: Plan, response: httpx.Response,
+    def __init__(self, client: "AsyncClient", plan: Plan, response: Answer,
                  sent: float | None = None, timeout: httpx.Timeout | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
         self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
@@ -123,7 +124,8 @@ class AsyncStream:
                                         partial_text=run.partial_text)
                 sse = SseDecoder()
                 async for chunk in self._http.aiter_bytes():
-                    for event, data in sse.feed(chunk):
+                    # lazily: many async streams are open at once, each holding only what it has read
+                    for event, data in sse.events(chunk):
                         for d in run.on_data(data, event):
                             yield d
             except httpx.HTTPError as e:
@@ -331,12 +333,23 @@ class AsyncClient(BaseClient):
                  model: str | None = None, verify: bool = True,
                  http_client: httpx.AsyncClient | None = None) -> None:
         super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
-        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, verify=verify, limits=_limits(),
-                                                      headers=self._headers)
-        self._request_headers = self._headers if http_client is not None else None
+        # A caller's httpx client is used as it is (our headers go on each request); by default the
+        # measured fastest wire (aiohttp), carrying our headers itself.
+        self._wire: AsyncWire = (HttpxWire(http_client, self._headers) if http_client is not None
+                                 else default_wire(self._headers, self.timeout, verify, _limits()))
+
+    @property
+    def transport(self) -> str:
+        """Which wire moves the bytes: "aiohttp" (default) or "httpx" (a client passed as `http_client`)."""
+        return self._wire.name
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._wire.aclose()
+
+    async def send_raw(self, method: str, url: str, *, content: bytes | None = None,
+                       timeout: TimeoutArg = None) -> Answer:
+        """One request on this client's wire with its headers, read whole; no decisions, no resend."""
+        return await self._wire.send(method, url, content=content, timeout=self._timeout_for(timeout))
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -344,15 +357,13 @@ class AsyncClient(BaseClient):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
+    async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> Answer:
         http = plan.http
         for _ in range(MAX_RESENDS + 1):
             attempt = AsyncAttempt()
-            request = self._http.build_request(http.method, self._url(plan.url), json=http.body,
-                                               headers=self._request_headers, timeout=timeout,
-                                               extensions={"trace": attempt})
             try:
-                return await self._http.send(request, stream=stream)
+                return await self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
+                                             attempt=attempt)
             except httpx.HTTPError as e:
                 if may_resend(e, attempt):
                     continue
@@ -368,7 +379,7 @@ class AsyncClient(BaseClient):
         found = "openai"
         for path, _ in DETECTION_PROBES:
             try:
-                r = await self._http.get(base + path, headers=self._headers, timeout=DETECT_TIMEOUT)
+                r = await self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT)
             except httpx.HTTPError as e:
                 if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                     raise transport_error(e, base + path, DETECT_TIMEOUT) from e
@@ -458,7 +469,7 @@ class AsyncClient(BaseClient):
         dialect = get_dialect(backend)
         url = self.base_url + dialect.models_path
         try:
-            r = await self._http.get(url, headers=self._headers, timeout=self.timeout)
+            r = await self._wire.send("GET", url, timeout=self.timeout)
         except httpx.HTTPError as e:
             raise transport_error(e, url, self.timeout) from e
         if r.status_code >= 400:
@@ -469,7 +480,7 @@ class AsyncClient(BaseClient):
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
         url = self.base_url + get_dialect(backend).health_path
         try:
-            r = await self._http.get(url, headers=self._headers, timeout=DETECT_TIMEOUT)
+            r = await self._wire.send("GET", url, timeout=DETECT_TIMEOUT)
         except httpx.HTTPError as e:
             err: KotobaError = transport_error(e, url, DETECT_TIMEOUT)
             return Health(ok=False, status=None, endpoint_url=url, detail=err.message)

@@ -1,14 +1,21 @@
 """`Pool` / `AsyncPool`: one client per member, early admission, conversation affinity.
 
-For every request the pool asks every member's capacity at once (short timeouts),
-demotes measured-busy members without re-sorting the rest, and sends to one member:
+Admission reads a shared capacity view (`capacity/_view.py`): one probe round over every
+member at a time (short timeouts), at most `capacity_interval_s` old when read (0.5 s by
+default; a request that finds it older takes the next round, and requests arriving during
+a round wait for it), combined with the pool's own count of requests in flight per member.
+Measured-busy members are demoted without re-sorting the rest; the request goes to:
 
-- the conversation's earlier member while it has a measured free slot (prefix cache);
-- else the first member with a measured free slot;
-- else, when some member could not be measured, the first such member — admitted,
-  and the response says `capacity/enforced? false`;
-- else every member is measured busy: `AdmissionRejected(reason="all-slots-busy",
-  sent=False, capacity=<pool EDN>)` and nothing is sent.
+- the conversation's earlier member while it has a free slot (prefix cache); a request
+  *extends* an earlier one to count as its conversation (or names it: `conversation=`);
+- else the member with a measured free slot and the fewest of our requests in flight;
+- else, when some member could not be measured, the unmeasured one with the fewest of
+  our requests in flight — admitted, and the response says `capacity/enforced? false`;
+- else every member was measured busy within the bound and none has finished one of our
+  requests since: `AdmissionRejected(reason="all-slots-busy", sent=False,
+  capacity=<pool EDN>)` and nothing is sent.
+
+`capacity_interval_s=0` probes before every request (the strictest view, the most probes).
 
 One call, one HTTP request: a 429 (or any error) from the chosen member is raised as
 is, never retried on another member behind the caller's back. Every response names
@@ -20,6 +27,9 @@ optional `conversation=` id), so a pool can stand wherever a client does.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, TypeVar, overload
 
@@ -37,7 +47,8 @@ from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeRespons
 from .capacity._affinity import Affinity
 from .capacity._answer import PoolCapacity
 from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_endpoints
-from .capacity._verdict import Admission, admit, merge_pool_capacity
+from .capacity._verdict import Admission, merge_pool_capacity
+from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
 
 R = TypeVar("R", bound=Request)
 
@@ -100,7 +111,8 @@ def load_pool_config(path: str) -> PoolConfig:
 
 class _PoolCore:
     def __init__(self, base_urls: Sequence[str], *, backend: str, probe_timeout: float | httpx.Timeout | None,
-                 affinity_entries: int, server_load_tracked: bool = False) -> None:
+                 affinity_entries: int, capacity_interval_s: float = DEFAULT_INTERVAL_S,
+                 server_load_tracked: bool = False) -> None:
         members = [server_root(u) for u in base_urls]  # ".../v1" names the same server
         if not members:
             raise ConfigError("a pool needs at least one member URL")
@@ -117,6 +129,7 @@ class _PoolCore:
         self.server_load_tracked = server_load_tracked
         self._detected: dict[str, str] = {}
         self.last_capacity: PoolCapacity | None = None
+        self.view = CapacityView(self.members, capacity_interval_s)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.members)!r}, backend={self.backend!r})"
@@ -131,13 +144,18 @@ class _PoolCore:
             client.learn_backend(member, b)  # the probe already detected it: no second detection
 
     def _decide(self, cap: PoolCapacity, req: Request, conversation: str | None) -> Admission:
+        """Choose, and count the request in flight on its member (`_done` ends it)."""
         self.last_capacity = cap
-        adm = admit(self.members, cap.members, self.affinity.lookup(req, conversation))
+        adm = self.view.decide(cap, self.affinity.lookup(req, conversation))
         if adm.member is None:
             raise AdmissionRejected(
                 f"every pool member ({len(self.members)}) was measured busy; nothing was sent",
                 reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn())
+        self.view.begin(adm.member)
         return adm
+
+    def _done(self, member: str) -> None:
+        self.view.end(member, time.monotonic())
 
     def _annotate(self, resp: AnyResponse, adm: Admission, cap: PoolCapacity) -> AnyResponse:
         if not isinstance(resp, Response):
@@ -171,6 +189,12 @@ class PoolStream:
         self.admission, self.capacity = adm, cap
         self.member: str = adm.member or ""
         self.response: Response | None = None
+        self._open = True
+
+    def _end(self) -> None:
+        if self._open:
+            self._open = False
+            self._pool._done(self.member)
 
     @property
     def partial_text(self) -> str:
@@ -181,7 +205,10 @@ class PoolStream:
         return self._inner.endpoint_url
 
     def __iter__(self) -> Iterator[StreamDelta]:
-        yield from self._inner
+        try:
+            yield from self._inner
+        finally:
+            self._end()
         assert self._inner.response is not None  # the member's stream ended normally
         self.response = self._pool._annotate_text(self._inner.response, self.admission, self.capacity)
         self._pool.affinity.remember(self._req, self.member, self._conv)
@@ -193,6 +220,7 @@ class PoolStream:
         return self.response
 
     def close(self) -> None:
+        self._end()
         self._inner.close()
 
     def __enter__(self) -> "PoolStream":
@@ -208,9 +236,11 @@ class Pool(_PoolCore):
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
-                 affinity_entries: int = 4096, server_load_tracked: bool = False) -> None:
+                 affinity_entries: int = 4096, capacity_interval_s: float = DEFAULT_INTERVAL_S,
+                 server_load_tracked: bool = False) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
-                         server_load_tracked=server_load_tracked)
+                         capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
+        self._refresh = threading.Lock()
         self.model = model
         self.clients: dict[str, Client] = {
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
@@ -241,15 +271,30 @@ class Pool(_PoolCore):
         self.close()
 
     def capacity(self) -> PoolCapacity:
-        """merge-pool-capacity: every member asked at once."""
+        """merge-pool-capacity: every member asked at once (a new round; the view keeps it)."""
+        started = time.monotonic()
         answers = probe_endpoints(self.members, self.backend, http=self._probe_http, headers=self._probe_headers,
                                   timeout=self.probe_timeout, executor=self._executor, detected=self._detected,
                                   load_tracked=self.server_load_tracked)
-        return merge_pool_capacity(answers, at=now_iso())
+        cap = merge_pool_capacity(answers, at=now_iso())
+        self.view.record(cap, started)
+        return cap
+
+    def _current(self) -> PoolCapacity:
+        """The shared view, refreshed by one round when it is older than the interval."""
+        view = self.view
+        if view.interval_s <= 0:
+            return self.capacity()
+        if not view.fresh(time.monotonic()):
+            with self._refresh:
+                if not view.fresh(time.monotonic()):
+                    self.capacity()
+        assert view.snapshot is not None
+        return view.snapshot
 
     def _admit(self, request: R, conversation: str | None) -> tuple[R, Admission, PoolCapacity, Client]:
         req = self._for_pool(request)
-        cap = self.capacity()
+        cap = self._current()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
         self._teach(client, adm.member or "")
@@ -279,6 +324,8 @@ class Pool(_PoolCore):
             resp = client.send(req, timeout=timeout)
         except AdmissionRejected as e:
             raise _attach(e, cap)
+        finally:
+            self._done(adm.member or "")
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
@@ -288,8 +335,9 @@ class Pool(_PoolCore):
         req, adm, cap, client = self._admit(streaming(request), conversation)
         try:
             inner = client.stream(req, timeout=timeout)
-        except AdmissionRejected as e:
-            raise _attach(e, cap)
+        except BaseException as e:
+            self._done(adm.member or "")
+            raise _attach(e, cap) if isinstance(e, AdmissionRejected) else e
         return PoolStream(self, inner, req, adm, cap, conversation)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
@@ -313,6 +361,12 @@ class AsyncPoolStream:
         self.admission, self.capacity = adm, cap
         self.member: str = adm.member or ""
         self.response: Response | None = None
+        self._open = True
+
+    def _end(self) -> None:
+        if self._open:
+            self._open = False
+            self._pool._done(self.member)
 
     @property
     def partial_text(self) -> str:
@@ -323,8 +377,11 @@ class AsyncPoolStream:
         return self._inner.endpoint_url
 
     async def __aiter__(self) -> AsyncIterator[StreamDelta]:
-        async for d in self._inner:
-            yield d
+        try:
+            async for d in self._inner:
+                yield d
+        finally:
+            self._end()
         assert self._inner.response is not None  # the member's stream ended normally
         self.response = self._pool._annotate_text(self._inner.response, self.admission, self.capacity)
         self._pool.affinity.remember(self._req, self.member, self._conv)
@@ -336,6 +393,7 @@ class AsyncPoolStream:
         return self.response
 
     async def aclose(self) -> None:
+        self._end()
         await self._inner.aclose()
 
     async def __aenter__(self) -> "AsyncPoolStream":
@@ -351,12 +409,17 @@ class AsyncPool(_PoolCore):
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
-                 affinity_entries: int = 4096, server_load_tracked: bool = False) -> None:
+                 affinity_entries: int = 4096, capacity_interval_s: float = DEFAULT_INTERVAL_S,
+                 server_load_tracked: bool = False, http_client: httpx.AsyncClient | None = None) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
-                         server_load_tracked=server_load_tracked)
+                         capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
         self.model = model
+        self._refresh: asyncio.Lock | None = None  # made on first use, in the running loop
+        # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
+        self._own_http = http_client is None
         self.clients: dict[str, AsyncClient] = {
-            u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+            u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
+                           http_client=http_client)
             for u in self.members}
         self._probe_headers = client_headers(api_key_or_env(api_key), headers)
         self._probe_http = httpx.AsyncClient(timeout=self.probe_timeout)
@@ -370,8 +433,9 @@ class AsyncPool(_PoolCore):
         return cls(config.members, **kwargs)
 
     async def aclose(self) -> None:
-        for c in self.clients.values():
-            await c.aclose()
+        if self._own_http:
+            for c in self.clients.values():
+                await c.aclose()
         await self._probe_http.aclose()
 
     async def __aenter__(self) -> "AsyncPool":
@@ -381,15 +445,33 @@ class AsyncPool(_PoolCore):
         await self.aclose()
 
     async def capacity(self) -> PoolCapacity:
+        """merge-pool-capacity: every member asked at once (a new round; the view keeps it)."""
+        started = time.monotonic()
         answers = await aprobe_endpoints(self.members, self.backend, http=self._probe_http,
                                          headers=self._probe_headers, timeout=self.probe_timeout,
                                          detected=self._detected, load_tracked=self.server_load_tracked)
-        return merge_pool_capacity(answers, at=now_iso())
+        cap = merge_pool_capacity(answers, at=now_iso())
+        self.view.record(cap, started)
+        return cap
+
+    async def _current(self) -> PoolCapacity:
+        """The shared view, refreshed by one round when it is older than the interval."""
+        view = self.view
+        if view.interval_s <= 0:
+            return await self.capacity()
+        if not view.fresh(time.monotonic()):
+            if self._refresh is None:
+                self._refresh = asyncio.Lock()
+            async with self._refresh:  # one round at a time; the others read its result
+                if not view.fresh(time.monotonic()):
+                    await self.capacity()
+        assert view.snapshot is not None
+        return view.snapshot
 
     async def _admit(self, request: R, conversation: str | None
                      ) -> tuple[R, Admission, PoolCapacity, AsyncClient]:
         req = self._for_pool(request)
-        cap = await self.capacity()
+        cap = await self._current()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
         self._teach(client, adm.member or "")
@@ -418,6 +500,8 @@ class AsyncPool(_PoolCore):
             resp = await client.send(req, timeout=timeout)
         except AdmissionRejected as e:
             raise _attach(e, cap)
+        finally:
+            self._done(adm.member or "")
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
@@ -426,8 +510,9 @@ class AsyncPool(_PoolCore):
         req, adm, cap, client = await self._admit(streaming(request), conversation)
         try:
             inner = await client.stream(req, timeout=timeout)
-        except AdmissionRejected as e:
-            raise _attach(e, cap)
+        except BaseException as e:
+            self._done(adm.member or "")
+            raise _attach(e, cap) if isinstance(e, AdmissionRejected) else e
         return AsyncPoolStream(self, inner, req, adm, cap, conversation)
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,

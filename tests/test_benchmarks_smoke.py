@@ -44,7 +44,9 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     for scenario in ("a. latency", "b. client CPU per request", "c. client CPU per streamed chunk",
-                     "d. async, concurrency 128", "d. heap per open stream", "e. read EDN file",
+                     "d. AsyncClient CPU per request, conc 4", "d. run CPU per request, conc 4",
+                     "d. connections at the server, conc 4", "d. run --pool (2 members), conc 4",
+                     "d. heap per open stream", "e. read EDN file",
                      "e. render one response", "f. batch run"):
         assert scenario in r.stdout, scenario
     assert "nproc=" in r.stdout and "x  " in r.stdout  # machine size and ratio columns
@@ -56,3 +58,6 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     batch = [x for x in rows if x[kw("bench/scenario")].startswith("f. batch run")][0]
     assert batch[kw("bench/note")].count("rc 0/0") == 1  # both batch runs answered every request
     assert all(kw("bench/ratios") in x for x in rows)
+    # every contender got every answer right, each in its own process
+    throughput = result[kw("bench/throughput")]
+    assert throughput and all(t[kw("bench/good-min")] == t[kw("bench/n")] for t in throughput)

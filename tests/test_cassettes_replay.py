@@ -40,7 +40,11 @@ def _name(v: Any) -> Any:
 
 
 def run(c: Cassette, mode: str) -> Outcome:
-    return replay_sync(c) if mode == "sync" else asyncio.run(replay_async(c))
+    """sync: httpx through respx; async: the default wire (aiohttp) through a real loopback server;
+    async-httpx: a caller's httpx.AsyncClient through respx."""
+    if mode == "sync":
+        return replay_sync(c)
+    return asyncio.run(replay_async(c, wire="httpx" if mode == "async-httpx" else "default"))
 
 
 # ---------------------------------------------------------------- the corpus itself
@@ -90,7 +94,7 @@ REFUSED_BEFORE_SENDING = {"vllm/error-greedy-n2": "sampling/greedy-n",
                           "vllm/error-greedy-n2-stream": "sampling/greedy-n"}
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "async-httpx"])
 @pytest.mark.parametrize("c", ALL, ids=IDS)
 def test_replay(c: Cassette, mode: str) -> None:
     out = run(c, mode)

@@ -39,7 +39,9 @@ def call(mode: str, fn: Callable[[Any], Any], *, backend: str = "vllm", base: st
             return fn(c)
 
     async def go() -> Any:
-        async with AsyncClient(base, backend=backend, **kw) as c:
+        # respx intercepts httpx only: the async client runs on a caller's httpx client here (the default
+        # wire, aiohttp, runs the same behaviours against real sockets in test_faults and the cassette replay)
+        async with AsyncClient(base, backend=backend, http_client=httpx.AsyncClient(), **kw) as c:
             return await fn(c)
     return asyncio.run(go())
 
@@ -150,10 +152,12 @@ def test_cli_run_prints_admission_as_edn_with_reason_and_seconds(tmp_path: Any,
     from kotoba_vllm.cli import main
     f = tmp_path / "one.edn"
     f.write_text(dumps(CHAT), encoding="utf-8")
-    with respx.mock() as m:
-        route = m.post(CHAT_URL).respond(429, headers={"Retry-After": "7"}, json={"error": {"message": "busy"}})
-        code = main(["run", str(f), "--base-url", BASE, "--backend", "vllm"])
-        assert route.call_count == 1
+    from faultserver import FaultServer, reply
+
+    # `run` sends on the default wire (aiohttp), which respx cannot see: a real loopback server answers
+    with FaultServer(lambda seen: reply({"error": {"message": "busy"}}, 429, [("retry-after", "7")])) as srv:
+        code = main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm"])
+        assert srv.requests == 1
     assert code == 1
     [rec] = read_all(capsys.readouterr().out)
     assert rec[kw("vllm/error")] == kw("admission-rejected")
@@ -483,7 +487,7 @@ def test_cancelling_an_async_stream_closes_the_response() -> None:
     async def go() -> None:
         with respx.mock() as m:
             m.post(CHAT_URL).mock(return_value=httpx.Response(200, headers=SSE_HEADERS, stream=Hang()))
-            async with AsyncClient(BASE, backend="vllm") as c:
+            async with AsyncClient(BASE, backend="vllm", http_client=httpx.AsyncClient()) as c:
                 st = await c.stream(CHAT)
                 got: list[str] = []
 

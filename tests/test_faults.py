@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable
 
 import attrs
+import httpx
 import pytest
 
 from faultserver import (CLOSE, LAST_CHUNK, RESET, FaultServer, Seen, Sleep, Step, chat_answer, chat_chunk, chunk,
@@ -145,7 +146,8 @@ FAULTS: tuple[Fault, ...] = (
           None, modes=("stream",), check=_split_char, summary="succeeds; the character is whole"),
 )
 
-CASES = [(f, mode, flavour) for f in FAULTS for mode in f.modes for flavour in ("sync", "async")]
+FLAVOURS = ("sync", "async", "async-httpx")  # every shipped wire: httpx sync, aiohttp async, a caller's httpx async
+CASES = [(f, mode, flavour) for f in FAULTS for mode in f.modes for flavour in FLAVOURS]
 
 
 # ------------------------------------------------------------------ drivers
@@ -178,20 +180,30 @@ def call_sync(url: str, mode: str, timeout: float | None) -> Any:
         return c.chat(MSGS, timeout=timeout)
 
 
-async def _call_async(url: str, mode: str, timeout: float | None) -> Any:
-    async with AsyncClient(url, backend="vllm") as c:
+def async_client(url: str, flavour: str) -> AsyncClient:
+    """flavour "async": the default wire (aiohttp); "async-httpx": a caller's httpx.AsyncClient."""
+    if flavour == "async-httpx":
+        return AsyncClient(url, backend="vllm", http_client=httpx.AsyncClient())
+    client = AsyncClient(url, backend="vllm")
+    assert client.transport == "aiohttp"
+    return client
+
+
+async def _call_async(url: str, mode: str, timeout: float | None, flavour: str) -> Any:
+    async with async_client(url, flavour) as c:
         if mode == "stream":
             async with await c.stream_chat(MSGS, timeout=timeout) as s:
                 return await s.until_done()
         return await c.chat(MSGS, timeout=timeout)
 
 
-def call_async(url: str, mode: str, timeout: float | None) -> Any:
-    return asyncio.run(asyncio.wait_for(_call_async(url, mode, timeout), HANG_S))
+def call_async(url: str, mode: str, timeout: float | None, flavour: str = "async") -> Any:
+    return asyncio.run(asyncio.wait_for(_call_async(url, mode, timeout, flavour), HANG_S))
 
 
 def outcome(fault: Fault, mode: str, flavour: str) -> tuple[Any, BaseException | None, int | None]:
-    call = call_sync if flavour == "sync" else call_async
+    def call(url: str, mode: str, timeout: float | None) -> Any:
+        return call_sync(url, mode, timeout) if flavour == "sync" else call_async(url, mode, timeout, flavour)
 
     def go(url: str) -> tuple[Any, BaseException | None]:
         try:
@@ -282,14 +294,14 @@ def _two_calls(flavour: str, url: str, mode: str, pause: float = 0.0) -> list[An
         return _watchdog(go)  # type: ignore[no-any-return]
 
     async def ago() -> list[Any]:
-        async with AsyncClient(url, backend="vllm") as c:
+        async with async_client(url, flavour) as c:
             first = await one_async(c)
             await asyncio.sleep(pause)
             return [first, await one_async(c)]
     return asyncio.run(asyncio.wait_for(ago(), HANG_S))
 
 
-BOTH = [(m, fl) for m in ("plain", "stream") for fl in ("sync", "async")]
+BOTH = [(m, fl) for m in ("plain", "stream") for fl in FLAVOURS]
 
 
 @pytest.mark.parametrize("mode,flavour", BOTH)
@@ -351,10 +363,11 @@ def test_429_storm_sync_one_request_per_call(mode: str) -> None:
     assert all(type(r) is E.AdmissionRejected and r.retry_after_s == 1.0 for r in results)
 
 
+@pytest.mark.parametrize("flavour", ["async", "async-httpx"])
 @pytest.mark.parametrize("mode", ["plain", "stream"])
-def test_429_storm_async_concurrent_one_request_per_call(mode: str) -> None:
+def test_429_storm_async_concurrent_one_request_per_call(mode: str, flavour: str) -> None:
     async def go(url: str) -> list[Any]:
-        async with AsyncClient(url, backend="vllm") as c:
+        async with async_client(url, flavour) as c:
             async def one() -> Any:
                 if mode == "stream":
                     return await (await c.stream_chat(MSGS)).until_done()

@@ -18,6 +18,7 @@ import os
 import tracemalloc
 from typing import Any, Iterator
 
+import httpx
 import pytest
 
 from faultserver import LAST_CHUNK, FaultServer, Seen, Sleep, Step, chat_chunk, sse_event, sse_head
@@ -122,14 +123,17 @@ def test_sync_abandoned_streams_leave_nothing(server: FaultServer, profile: str,
     assert grown < n * PER_STREAM_BYTES, f"memory grew {grown} bytes over {n} streams"
 
 
+@pytest.mark.parametrize("wire", ["aiohttp", "httpx"])  # the default wire, and a caller's httpx client
 @pytest.mark.parametrize("profile", PROFILES)
-def test_async_cancelled_and_abandoned_streams_leave_nothing(server: FaultServer, profile: str,
+def test_async_cancelled_and_abandoned_streams_leave_nothing(server: FaultServer, profile: str, wire: str,
                                                              request: pytest.FixtureRequest) -> None:
     n = _count(request, profile)
     base_sockets = sockets()
 
     async def main() -> tuple[int, list[Any], int]:
-        client = AsyncClient(server.base_url, backend="vllm", timeout=10)
+        http = httpx.AsyncClient(timeout=10, limits=_client._limits()) if wire == "httpx" else None
+        client = AsyncClient(server.base_url, backend="vllm", timeout=10, http_client=http)
+        assert client.transport == wire
         baseline = asyncio.all_tasks()  # the runner's own tasks
 
         async def one(i: int) -> None:
@@ -190,6 +194,6 @@ def test_async_cancelled_and_abandoned_streams_leave_nothing(server: FaultServer
     assert server.wait_idle() == 0
     assert sockets() <= base_sockets  # <=: sockets of earlier tests may still be closing
     assert server.requests == n + WARMUP
-    report(request, f"hygiene async: {n} streams (closed/dropped/unread/cancelled), sockets left 0, "
+    report(request, f"hygiene async ({wire}): {n} streams (closed/dropped/unread/cancelled), sockets left 0, "
                     f"pending tasks 0, traced memory {grown:+d} bytes ({grown / n:+.1f} B/stream)")
     assert grown < n * PER_STREAM_BYTES, f"memory grew {grown} bytes over {n} streams"

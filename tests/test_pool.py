@@ -1,6 +1,7 @@
 """`Pool` / `AsyncPool` against mocked members (respx): early refusal sends nothing,
 unmeasured is admitted but not enforced, a 429 is surfaced (never retried elsewhere),
-conversations stay on their member."""
+conversations stay on their member. Tests that change a member's state between calls probe
+before every request (`capacity_interval_s=0`); the shared view is tested in test_pool_view.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kotoba_vllm.pool import AsyncPool, Pool, load_pool_config, pool_config_from
 
 A, B = "http://a.test:8080", "http://b.test:8080"
 CHAT = "/v1/chat/completions"
+EVERY = {"backend": "llamacpp", "capacity_interval_s": 0}  # probe before every request: state changes between calls
 IDLE_SLOTS = json.dumps([{"id": 0, "n_ctx": 2048, "speculative": False, "is_processing": False}])
 BUSY_SLOTS = json.dumps([{"id": 0, "n_ctx": 2048, "speculative": False, "is_processing": True, "id_task": 7}])
 METRICS = ("# HELP llamacpp:requests_processing Number of requests processing\n"
@@ -55,7 +57,7 @@ def turn(*texts: str) -> ChatRequest:
 
 
 def test_all_members_busy_raises_before_sending_anything() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         posts = [member(m, A, "busy"), member(m, B, "busy")]
         with pytest.raises(AdmissionRejected) as err:
             pool.chat("hello")
@@ -68,7 +70,7 @@ def test_all_members_busy_raises_before_sending_anything() -> None:
 
 
 def test_busy_leader_is_skipped_and_the_answer_names_its_member() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         post_a, post_b = member(m, A, "busy"), member(m, B, "idle")
         r = pool.chat("hello")
     assert (post_a.call_count, post_b.call_count) == (0, 1)
@@ -79,7 +81,7 @@ def test_busy_leader_is_skipped_and_the_answer_names_its_member() -> None:
 
 
 def test_unmeasured_pool_admits_and_says_not_enforced() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         post_a, post_b = member(m, A, "no-slots"), member(m, B, "busy")
         r = pool.chat("hello")
     assert (post_a.call_count, post_b.call_count) == (1, 0)
@@ -88,7 +90,7 @@ def test_unmeasured_pool_admits_and_says_not_enforced() -> None:
 
 
 def test_measured_free_member_wins_over_an_unreachable_leader() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         post_a, post_b = member(m, A, "down"), member(m, B, "idle")
         r = pool.chat("hello")
         cap = pool.last_capacity
@@ -97,7 +99,7 @@ def test_measured_free_member_wins_over_an_unreachable_leader() -> None:
 
 
 def test_429_from_the_chosen_member_is_surfaced_not_retried_elsewhere() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         member(m, A, "idle")
         post_b = member(m, B, "idle")
         post_a = m.post(A + CHAT).respond(429, headers={"retry-after": "3"},
@@ -111,7 +113,7 @@ def test_429_from_the_chosen_member_is_surfaced_not_retried_elsewhere() -> None:
 
 
 def test_second_turn_returns_to_the_member_that_served_the_first() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         member(m, A, "busy")
         post_b = member(m, B, "idle")
         first = pool.send(turn("my name is Ada"))
@@ -127,7 +129,7 @@ def test_second_turn_returns_to_the_member_that_served_the_first() -> None:
 
 
 def test_explicit_conversation_key_and_moving_off_a_busy_member() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         member(m, A, "busy"), member(m, B, "idle")
         assert pool.chat("x", conversation="c-1").extras["pool/member"] == B
         m.routes.clear()
@@ -141,7 +143,7 @@ def test_explicit_conversation_key_and_moving_off_a_busy_member() -> None:
 
 def test_a_request_base_url_cannot_bypass_admission() -> None:
     req = ChatRequest(messages=(Message(role="user", content="hi"),), base_url="http://elsewhere:1")
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         member(m, A, "busy"), member(m, B, "busy")
         with pytest.raises(AdmissionRejected):
             pool.send(req)
@@ -151,7 +153,7 @@ def test_pool_stream_names_member_and_keeps_affinity() -> None:
     sse = ('data: {"choices":[{"index":0,"delta":{"content":"he"},"finish_reason":null}]}\n\n'
            'data: {"choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"stop"}]}\n\n'
            'data: [DONE]\n\n')
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
         member(m, A, "busy"), member(m, B, "idle")
         m.post(B + CHAT).respond(200, text=sse, headers={"content-type": "text/event-stream"})
         with pool.stream(turn("stream me")) as s:
@@ -170,7 +172,7 @@ def test_edn_request_map_goes_through_the_pool() -> None:
 
 
 async def test_async_pool_refuses_when_all_busy_and_routes_otherwise() -> None:
-    async with AsyncPool([A, B], backend="llamacpp") as pool:
+    async with AsyncPool([A, B], **EVERY, http_client=httpx.AsyncClient()) as pool:
         with respx.mock(assert_all_called=False) as m:
             posts = [member(m, A, "busy"), member(m, B, "busy")]
             with pytest.raises(AdmissionRejected) as err:
@@ -185,7 +187,7 @@ async def test_async_pool_refuses_when_all_busy_and_routes_otherwise() -> None:
 
 
 async def test_async_pool_conversation_affinity() -> None:
-    async with AsyncPool([A, B], backend="llamacpp") as pool:
+    async with AsyncPool([A, B], **EVERY, http_client=httpx.AsyncClient()) as pool:
         with respx.mock(assert_all_called=False) as m:
             member(m, A, "busy"), member(m, B, "idle")
             assert (await pool.send(turn("t1"), conversation="z")).extras["pool/member"] == B
@@ -204,8 +206,8 @@ def test_auto_backend_is_detected_once_by_the_probe() -> None:
         m.post(A + CHAT).respond(200, json=reply())
         pool.chat("one")
         pool.chat("two")
-        # detection (1) + capacity probe per request (2); the member client never re-detects
-        assert props.call_count == 3
+        # detection (1) + one capacity round shared by both requests (1); the member client never re-detects
+        assert props.call_count == 2
         assert pool.clients[A].backend == "llamacpp" or pool.clients[A]._detected[A] == "llamacpp"
 
 

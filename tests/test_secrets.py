@@ -227,9 +227,14 @@ def test_tls_verification_is_on_by_default_and_off_only_when_asked() -> None:
     c = Client("https://127.0.0.1:1", backend="vllm", verify=False)
     assert mode(c._http) == ssl.CERT_NONE
     c.close()
-    a = AsyncClient("https://127.0.0.1:1", backend="vllm")
-    assert mode(a._http) == ssl.CERT_REQUIRED
-    asyncio.run(a.aclose())
-    a = AsyncClient("https://127.0.0.1:1", backend="vllm", verify=False)
-    assert mode(a._http) == ssl.CERT_NONE
-    asyncio.run(a.aclose())
+
+    async def wire_ssl(verify: bool) -> object:
+        a = AsyncClient("https://127.0.0.1:1", backend="vllm", verify=verify)
+        assert a.transport == "aiohttp"
+        session = a._wire._open()  # type: ignore[attr-defined]
+        setting = session.connector._ssl  # type: ignore[union-attr]  # True: verify (its default)
+        await a.aclose()
+        return setting
+
+    assert asyncio.run(wire_ssl(True)) is True
+    assert asyncio.run(wire_ssl(False)) is False

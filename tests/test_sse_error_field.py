@@ -36,7 +36,8 @@ def test_sync_stream_error_line_is_typed() -> None:
 async def test_async_stream_error_line_is_typed() -> None:
     with respx.mock(base_url="http://s") as m:
         _mock(m)
-        stream = await AsyncClient("http://s", backend="llamacpp").stream_completion("x", native=True)
+        client = AsyncClient("http://s", backend="llamacpp", http_client=httpx.AsyncClient())  # respx: httpx only
+        stream = await client.stream_completion("x", native=True)
         with pytest.raises(ServerFailure) as info:
             await stream.until_done()
     assert info.value.partial_text == "ab"

@@ -3,7 +3,9 @@ next turn goes back there and hits that member's prefix cache.
 
 Keys: an explicit conversation id, and hashes of message prefixes (a chat's next turn
 starts with the previous turn's messages) or of prompt prefixes in 256-character
-blocks (a completion's next prompt extends the previous one). Bounded LRU.
+blocks (a completion's next prompt extends the previous one). Only a strict prefix
+counts: a request that repeats an earlier one whole is independent, so it can spread.
+Bounded LRU.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class Affinity:
         self._lock = threading.Lock()
 
     def lookup(self, request: Any, conversation: str | None = None) -> str | None:
-        """The member for this conversation id, else for the longest known prefix."""
-        keys = (["c:" + conversation] if conversation else []) + request_keys(request)[::-1]
+        """The member for this conversation id, else for the longest known *earlier* turn: a
+        strict prefix of this request. The same request again is independent (it spreads)."""
+        keys = (["c:" + conversation] if conversation else []) + request_keys(request)[-2::-1]
         with self._lock:
             for k in keys:
                 member = self._table.get(k)

@@ -12,7 +12,7 @@ The rules come from the seed's router:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -279,35 +279,53 @@ class Admission:
 
 
 def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iterable[CapacityAnswer],
-          affinity: str | None = None) -> Admission:
+          affinity: str | None = None, *, inflight: Mapping[str, int] | None = None,
+          freed: Collection[str] = (), sent: Mapping[str, int] | None = None) -> Admission:
     """Pick the member for one request, in the demoted order.
 
-    1. The conversation's member, while it is measured available (its prefix cache).
-    2. Else the first measured-available member.
+    `inflight`: the caller's own requests in flight per member; among equally eligible
+    members the one with the fewest wins, then the one sent fewest so far (`sent`), then
+    pool order — so independent requests spread, one at a time or many. `freed`: members measured busy that have finished one of the caller's requests
+    since that measurement — a slot was freed, so they count as available again.
+
+    1. The conversation's member, while it is available (its prefix cache).
+    2. Else the available member with the fewest requests in flight.
     3. Else, if some member is unmeasured, the conversation's member when it is one of
-       them, else the first unmeasured one whose probes got any HTTP answer, else the
-       first unmeasured one: admitted, but not enforced.
-    4. Else every member is measured busy: refused, nothing is sent."""
+       them, else the unmeasured one with the fewest in flight among those whose probes got
+       any HTTP answer (else among all unmeasured): admitted, but not enforced.
+    4. Else every member is measured busy and none has freed a slot since: refused,
+       nothing is sent."""
     by = _by_endpoint(answers)
     order = demote_busy_endpoints(endpoints, by)
+    load = inflight or {}
+    total = sent or {}
+    freed_set = {e.rstrip("/") for e in freed}
 
     def ans(e: str) -> CapacityAnswer | None:
         return by.get(e.rstrip("/"))
 
+    def available(e: str) -> bool:
+        a = ans(e)
+        return a is not None and (a.available or (a.busy and e.rstrip("/") in freed_set))
+
+    def least(cands: Sequence[str]) -> str:
+        return min(cands, key=lambda e: (load.get(e, 0), total.get(e, 0)))  # min keeps the first of equals
+
     aff = affinity.rstrip("/") if affinity else None
     aff_member = next((e for e in order if e.rstrip("/") == aff), None)
-    if aff_member is not None and (a := ans(aff_member)) is not None and a.available:
+    if aff_member is not None and available(aff_member):
         return Admission(aff_member, "conversation affinity: its member has a free slot", True)
-    for e in order:
-        a = ans(e)
-        if a is not None and a.available:
-            why = "first member with a measured free slot"
-            if aff_member is not None and aff_member != e:
-                why += f" (conversation moved off {aff_member}: {_state(ans(aff_member))})"
-            return Admission(e, why, True)
+    free = [e for e in order if available(e)]
+    if free:
+        e = least(free)
+        why = "first member with a measured free slot" if load.get(e, 0) == 0 else \
+            f"measured free slot, fewest requests in flight ({load.get(e, 0)})"
+        if aff_member is not None and aff_member != e:
+            why += f" (conversation moved off {aff_member}: {_state(ans(aff_member))})"
+        return Admission(e, why, True)
     unknown = [e for e in order if (a := ans(e)) is None or not a.measured]
     if unknown:
         answered = [e for e in unknown if (a := ans(e)) is not None and a.reachable is not False]
-        pick = aff_member if aff_member in unknown else (answered or unknown)[0]
+        pick = aff_member if aff_member in unknown else least(answered or unknown)
         return Admission(pick, "capacity unmeasured: admitted without enforcement", False)
     return Admission(None, "all-slots-busy: every member was measured busy", True)

@@ -1,4 +1,5 @@
-"""Replay a cassette into the real `Client` / `AsyncClient` through respx (no network).
+"""Replay a cassette into the real `Client` / `AsyncClient`: through respx (no network) for
+httpx, through a real loopback server (`loopback.py`) for the async client's default wire.
 
 The mocked server answers with the recorded status, headers and the body chunk by chunk
 (boundaries kept, so a UTF-8 character split across reads reaches the SDK split).
@@ -21,6 +22,7 @@ from .._errors import KotobaError
 from .._model import StreamDelta
 from ._format import Cassette
 from ..dialects import classify_error
+from ._loopback import LoopbackReplay
 
 BASE_URL = "http://cassette.invalid:8000"
 K_REQUEST = kw("call/request")
@@ -100,35 +102,50 @@ def replay_sync(c: Cassette) -> Outcome:
     return out
 
 
-async def replay_async(c: Cassette) -> Outcome:
+async def replay_async(c: Cassette, wire: str = "default") -> Outcome:
+    """Replay into an `AsyncClient`: on its default wire (aiohttp) through a real loopback server
+    (`loopback.py`), or with `wire="httpx"` on an httpx client through respx, like `replay_sync`."""
+    if wire == "httpx":
+        router, route = _mock(c)
+        with router:
+            http = httpx.AsyncClient()
+            async with AsyncClient(BASE_URL, backend=c.backend, http_client=http) as client:
+                out = await _drive_async(c, client, BASE_URL)
+            await http.aclose()
+            out.sent = [call.request.content for call in route.calls]
+        return out
+    with LoopbackReplay(c) as srv:
+        async with AsyncClient(srv.base_url, backend=c.backend) as client:
+            out = await _drive_async(c, client, srv.base_url)
+        out.sent = list(srv.sent)
+    return out
+
+
+async def _drive_async(c: Cassette, client: AsyncClient, base: str) -> Outcome:
     out = Outcome()
-    router, route = _mock(c)
-    with router:
-        async with httpx.AsyncClient() as http, AsyncClient(BASE_URL, backend=c.backend, http_client=http) as client:
-            try:
-                if c.op == "send":
-                    req = _request_map(c)
-                    if req.get(K_STREAM):
-                        out.streamed = True
-                        s = await client.stream(req)
-                        async with s:
-                            async for d in s:
-                                out.deltas.append(d)
-                        out.result = s.response
-                    else:
-                        out.result = await client.send(req)
-                elif c.op == "models":
-                    out.result = await client.models()
-                elif c.op == "health":
-                    out.result = await client.health()
-                else:
-                    r = await http.request(c.method, BASE_URL + c.path, content=c.request_body)
-                    out.raw = r.content
-                    if r.status_code >= 400:
-                        raise classify_error(r.status_code, r.content, r.headers, BASE_URL + c.path)
-            except KotobaError as e:
-                out.error = e
-        out.sent = [call.request.content for call in route.calls]
+    try:
+        if c.op == "send":
+            req = _request_map(c)
+            if req.get(K_STREAM):
+                out.streamed = True
+                s = await client.stream(req)
+                async with s:
+                    async for d in s:
+                        out.deltas.append(d)
+                out.result = s.response
+            else:
+                out.result = await client.send(req)
+        elif c.op == "models":
+            out.result = await client.models()
+        elif c.op == "health":
+            out.result = await client.health()
+        else:  # probe / raw: through the client's own wire, errors typed by the SDK
+            r = await client.send_raw(c.method, base + c.path, content=c.request_body)
+            out.raw = r.content
+            if r.status_code >= 400:
+                raise classify_error(r.status_code, r.content, r.headers, base + c.path)
+    except KotobaError as e:
+        out.error = e
     return out
 
 

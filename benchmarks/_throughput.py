@@ -1,0 +1,119 @@
+"""Batch throughput at 1/16/64/256 in flight: every contender in its own process (`_peers.py`).
+
+The client runs pinned to core 0 and the canned server (answering each POST after 20 ms) to
+core 1 where `taskset` exists. Per run: client CPU (its process and children, start-up
+excluded), throughput, p50/p99 latency, good answers (all N must be the canned text) and
+distinct connections the server accepted. Contenders rotate between rounds; the median of the
+rounds is reported. `run --pool` goes to two such servers with vLLM's probes (which they do
+not answer: both members are unmeasured), counting probe requests and the split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from canned_server import CannedServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = os.path.join(HERE, "_peers.py")
+CONTENDERS = ("aiohttp", "kotoba", "kotoba-run", "httpx", "httpx2", "openai", "flexllm", "kotoba-httpx")
+PROBE_PATHS = ("/metrics", "/load")  # whichever of them vLLM's probe asks
+CHAT = "/v1/chat/completions"
+
+
+def available(names: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Contenders whose library is installed, and notes for the missing ones."""
+    import importlib.util
+    need = {"aiohttp": "aiohttp", "httpx2": "httpx2", "openai": "openai", "flexllm": "flexllm"}
+    ok, notes = [], []
+    for n in names:
+        mod = need.get(n)
+        if mod is None or importlib.util.find_spec(mod) is not None:
+            ok.append(n)
+        else:
+            notes.append(f"{n} not measured: {mod} is not installed (pip install 'kotoba-vllm[bench]')")
+    return ok, notes
+
+
+def pinned(argv: list[str], cpu: int) -> list[str]:
+    return ["taskset", "-c", str(cpu)] + argv if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else argv
+
+
+def child(name: str, urls: list[str], conc: int, n: int) -> dict[str, Any]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run(pinned([sys.executable, PEERS, name, ",".join(urls), str(conc), str(n)], 0),
+                       capture_output=True, text=True, timeout=900)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0 or not r.stdout.strip():
+        return {"error": (r.stderr or r.stdout)[-600:], "good": 0, "n": n}
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    out["process_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return out
+
+
+def _delta(a: dict[str, Any], b: dict[str, Any], path: str) -> int:
+    return int(b["requests"].get(path, 0)) - int(a["requests"].get(path, 0))
+
+
+def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any,
+           contenders: tuple[str, ...] = CONTENDERS) -> tuple[list[dict[str, Any]], list[str]]:
+    names, notes = available(contenders)
+    results: list[dict[str, Any]] = []
+    with CannedServer(delay_ms=20, cpu=1) as a, CannedServer(delay_ms=20, cpu=1) as b:
+        notes.append(f"servers answer each POST after 20 ms; client on core 0, servers on core 1 "
+                     f"({'taskset' if shutil.which('taskset') else 'no taskset: not pinned'})")
+        for conc in concs:
+            n = n_for[conc]
+            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names + ["kotoba-run-pool"]}
+            for r in range(rounds):
+                order = names[r % len(names):] + names[:r % len(names)]
+                for name in order + ["kotoba-run-pool"]:
+                    step(f"d  conc {conc} round {r + 1}/{rounds}: {name}")
+                    sa, sb = a.stats(), b.stats()
+                    urls = [a.base_url, b.base_url] if name == "kotoba-run-pool" else [a.base_url]
+                    res = child(name, urls, conc, n)
+                    ea, eb = a.stats(), b.stats()
+                    res["connections"] = ea["connections"] - sa["connections"] - 1  # minus the stats call's own
+                    res["load_1m"] = os.getloadavg()[0]
+                    if name == "kotoba-run-pool":
+                        res["connections"] += eb["connections"] - sb["connections"] - 1
+                        probes = sum(_delta(sa, ea, p) + _delta(sb, eb, p) for p in PROBE_PATHS)
+                        posts = (_delta(sa, ea, CHAT), _delta(sb, eb, CHAT))
+                        res["probes_per_request"] = probes / max(1, sum(posts))
+                        res["split"] = [p / max(1, sum(posts)) for p in posts]
+                    runs[name].append(res)
+            for name, rs in runs.items():
+                results.append(summarise(name, conc, n, rs))
+    return results, notes
+
+
+def summarise(name: str, conc: int, n: int, rs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rs if "error" not in r]
+
+    def med(key: str) -> float | None:
+        vals = [r[key] for r in ok if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+    out: dict[str, Any] = {"contender": name, "concurrency": conc, "n": n, "rounds": len(rs),
+                           "good_min": min((r.get("good", 0) for r in rs), default=0),
+                           "cpu_ms_per_req": (med("cpu_s") or 0) / n * 1e3 if ok else None,
+                           "process_cpu_ms_per_req": (med("process_cpu_s") or 0) / n * 1e3 if ok else None,
+                           "req_per_s": n / med("wall_s") if ok and med("wall_s") else None,  # type: ignore[operator]
+                           "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+                           "connections_max": max((r.get("connections", 0) for r in ok), default=None),
+                           "load_1m": med("load_1m")}
+    if name == "kotoba-run-pool" and ok:
+        out["probes_per_request"] = med("probes_per_request")
+        out["split_first"] = statistics.median(r["split"][0] for r in ok)
+    errs = [r["error"] for r in rs if "error" in r]
+    if errs:
+        out["error"] = errs[0][-300:]
+    elif out["good_min"] < n:
+        out["error"] = f"only {out['good_min']} of {n} good answers: {ok[0].get('first_bad')}"
+    return out

@@ -1,0 +1,101 @@
+"""`python benchmarks/readme_table.py results/<run>.edn [--write]`: the README's performance tables,
+generated from one named result file (`--write` puts them into benchmarks/README.md between the
+`<!-- throughput-table -->` markers, naming the file)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE)]
+
+from kotoba_vllm._edn import Keyword, read_file  # noqa: E402
+
+COLUMNS = (("kotoba-run", "kotoba `run`"), ("kotoba", "kotoba `AsyncClient`"), ("aiohttp", "raw aiohttp"),
+           ("httpx", "raw httpx"), ("httpx2", "raw httpx2"), ("openai", "openai-python"), ("flexllm", "flexllm"),
+           ("kotoba-httpx", "kotoba on a caller's httpx"))
+BEGIN, END = "<!-- throughput-table -->", "<!-- /throughput-table -->"
+
+
+def plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {(k.name if isinstance(k, Keyword) else k): plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    return v
+
+
+def load(path: str) -> dict[str, Any]:
+    [form] = read_file(path)
+    return plain(form.value)  # type: ignore[no-any-return]
+
+
+def _cell(v: Any, fmt: str) -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def tables(result: dict[str, Any], name: str) -> str:
+    tp = result.get("throughput") or []
+    mach = result["machine"]
+    concs = sorted({r["concurrency"] for r in tp})
+    by = {(r["contender"], r["concurrency"]): r for r in tp}
+    present = [(k, label) for k, label in COLUMNS if any((k, c) in by for c in concs)]
+    head = "| in flight | " + " | ".join(label for _, label in present) + " |"
+    sep = "|---" * (len(present) + 1) + "|"
+    out = [f"From `benchmarks/results/{name}` ({result['date']}; {mach['nproc']} cores, load "
+           f"{mach.get('load-avg', mach.get('load-avg-1m'))}; Python {mach['python']}, aiohttp {mach.get('aiohttp')}, "
+           f"httpx {mach['httpx']}, httpx2 {mach.get('httpx2')}, openai {mach['openai']}, flexllm "
+           f"{mach.get('flexllm')}). Client pinned to one core, server to the other, each answer after 20 ms; "
+           "median of the rounds; every contender got every answer right.", ""]
+    for title, key, fmt in (("Client CPU per request (ms; lower is better)", "cpu_ms_per_req", ".2f"),
+                            ("Throughput (requests/s; higher is better)", "req_per_s", ".0f"),
+                            ("p99 latency (ms; lower is better)", "p99_ms", ".1f"),
+                            ("Connections the server accepted (= in flight is right)", "connections_max", "d")):
+        out += [f"**{title}**", "", head, sep]
+        for c in concs:
+            out.append(f"| {c} | " + " | ".join(_cell(by.get((k, c), {}).get(key), fmt) for k, _ in present) + " |")
+        out.append("")
+    pool = [r for r in tp if r["contender"] == "kotoba-run-pool"]
+    if pool:
+        out += ["**`run --pool` over two members (vLLM probes, both unmeasured)**", "",
+                "| in flight | CPU/request (ms) | vs plain `run` | throughput vs plain `run` | probes/request | "
+                "first member's share |", "|---|---|---|---|---|---|"]
+        for r in sorted(pool, key=lambda r: r["concurrency"]):
+            one = by.get(("kotoba-run", r["concurrency"]), {})
+            cpu_ratio = r["cpu_ms_per_req"] / one["cpu_ms_per_req"] if one.get("cpu_ms_per_req") else None
+            tp_ratio = r["req_per_s"] / one["req_per_s"] if one.get("req_per_s") else None
+            out.append(f"| {r['concurrency']} | {_cell(r['cpu_ms_per_req'], '.2f')} | {_cell(cpu_ratio, '.2f')}x | "
+                       f"{_cell(tp_ratio, '.2f')}x | {_cell(r.get('probes_per_request'), '.3f')} | "
+                       f"{_cell(100 * r['split_first'] if r.get('split_first') is not None else None, '.0f')}% |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("result", help="a result file under benchmarks/results/")
+    ap.add_argument("--write", action="store_true", help="replace the table in benchmarks/README.md")
+    a = ap.parse_args(argv)
+    text = tables(load(a.result), os.path.basename(a.result))
+    if not a.write:
+        print(text)
+        return 0
+    readme = os.path.join(HERE, "README.md")
+    doc = open(readme, encoding="utf-8").read()
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in doc:
+        doc = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    with open(readme, "w", encoding="utf-8") as fh:
+        fh.write(doc)
+    print(f"wrote the table from {a.result} into {readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""The default async wire: aiohttp (C HTTP parser, a connection pool that hands out an idle
+connection without scanning every connection per request).
+
+aiohttp's failures are raised as the httpx exception types the rest of the client maps, and
+each attempt reports the resend rule's evidence positively:
+
+- *reused*: the connector handed this attempt a connection that had served a request before
+  (`Connector.connect`, read through a context variable set for the attempt);
+- *response bytes*: the connection's protocol counts every byte it receives, so "no response
+  byte arrived" is a count that did not move during the attempt, not an inference from an
+  error message.
+
+Until that evidence exists an attempt counts as on a new connection: never resent.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json as _json
+from typing import Any, AsyncIterator, Mapping
+
+import aiohttp
+import httpx
+from aiohttp.client_proto import ResponseHandler
+from multidict import CIMultiDict
+from yarl import URL
+
+from ._base_client import Attempt
+from ._errors import ConfigError
+
+_WATCH: contextvars.ContextVar["_Watch | None"] = contextvars.ContextVar("kotoba_attempt", default=None)
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+class CountingHandler(ResponseHandler):
+    """aiohttp's protocol, counting received bytes and the requests it has carried."""
+
+    def __init__(self, loop: Any) -> None:
+        super().__init__(loop)
+        self.bytes_in = 0
+        self.uses = 0
+
+    def data_received(self, data: bytes) -> None:
+        self.bytes_in += len(data)
+        super().data_received(data)
+
+
+class Connector(aiohttp.TCPConnector):
+    """A TCPConnector whose connections count bytes, and which tells the current attempt whether
+    the connection it hands out is reused."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # aiohttp builds every connection's protocol with this factory (TCP and TLS alike).
+        self._factory = functools.partial(CountingHandler, loop=self._loop)  # type: ignore[assignment]
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        watch = _WATCH.get()
+        proto = conn.protocol
+        if watch is not None and isinstance(proto, CountingHandler):
+            watch.attempt.new_connection = proto.uses == 0
+            proto.uses += 1
+            watch.proto, watch.start = proto, proto.bytes_in
+        return conn
+
+
+def _as_httpx(e: BaseException) -> httpx.HTTPError:
+    """The httpx exception type that means the same failure."""
+    msg = str(e) or type(e).__name__
+    if isinstance(e, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(msg)
+    if isinstance(e, (aiohttp.SocketTimeoutError, aiohttp.ServerTimeoutError, TimeoutError)):
+        return httpx.ReadTimeout(msg)
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(msg)
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return httpx.RemoteProtocolError("Server disconnected without sending a complete response")
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return httpx.RemoteProtocolError(f"incomplete body: {msg}")
+    if isinstance(e, aiohttp.NonHttpUrlClientError):
+        return httpx.UnsupportedProtocol(msg)
+    if isinstance(e, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(f"invalid URL: {msg}")  # httpx.InvalidURL is not an HTTPError
+    if isinstance(e, aiohttp.ClientOSError):
+        return httpx.ReadError(msg)
+    if isinstance(e, aiohttp.ClientResponseError):  # the server's bytes are not HTTP
+        return httpx.RemoteProtocolError(msg)
+    return httpx.TransportError(msg)
+
+
+WIRE_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+class AiohttpAnswer:
+    """An aiohttp response under httpx.Response's names."""
+
+    __slots__ = ("_r", "status_code", "headers", "_content")
+
+    def __init__(self, r: aiohttp.ClientResponse, content: bytes | None = None) -> None:
+        self._r = r
+        self.status_code = r.status
+        self.headers: Mapping[str, str] = r.headers
+        self._content = content
+
+    @property
+    def content(self) -> bytes:
+        if self._content is None:
+            raise httpx.ResponseNotRead()
+        return self._content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(self._r.charset or "utf-8", "replace")
+
+    @property
+    def is_closed(self) -> bool:
+        return self._r.closed
+
+    async def aread(self) -> bytes:
+        if self._content is None:
+            try:
+                self._content = await self._r.read()
+            except WIRE_ERRORS as e:
+                self._r.close()
+                raise _as_httpx(e) from e
+        return self._content
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        try:
+            async for data in self._r.content.iter_any():
+                yield data
+        except WIRE_ERRORS as e:
+            self._r.close()
+            raise _as_httpx(e) from e
+
+    async def aclose(self) -> None:
+        # A body read to its end returns the connection to the pool; one left unread closes it.
+        self._r.release()
+
+
+class _Watch:
+    """One attempt's evidence: the connection aiohttp chose, and its byte count when handed over."""
+
+    __slots__ = ("attempt", "proto", "start")
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.proto: CountingHandler | None = None
+        self.start = 0
+        attempt.new_connection = True  # until the connector shows a reused one
+
+    def settle(self) -> None:
+        """After a failure: did any response byte arrive during this attempt?"""
+        if self.proto is not None and self.proto.bytes_in > self.start:
+            self.attempt.got_response = True
+
+
+class AiohttpWire:
+    name = "aiohttp"
+
+    def __init__(self, *, headers: Mapping[str, str], verify: bool = True, limit: int = 256,
+                 keepalive_s: float | None = 5.0) -> None:
+        # The key goes per request (a session's default header cannot be left off one request).
+        self._headers = CIMultiDict((k, v) for k, v in headers.items() if k.lower() != "authorization")
+        auth = {k: v for k, v in headers.items() if k.lower() == "authorization"}
+        self._extra = {False: auth or None, True: None}  # by withhold_key
+        self._extra_json = {False: {**JSON_HEADERS, **auth}, True: JSON_HEADERS}
+        self._verify = verify
+        self._limit = limit
+        self._keepalive = keepalive_s if keepalive_s is not None else 5.0
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self._urls: dict[str, URL] = {}
+        self._timeouts: dict[tuple[Any, ...], aiohttp.ClientTimeout] = {}
+
+    @property
+    def verify(self) -> bool:
+        return self._verify
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Made on first use: aiohttp binds a session to the running event loop.
+        conn = Connector(limit=self._limit, limit_per_host=0, keepalive_timeout=self._keepalive,
+                         ssl=self._verify)  # True: verify certificates and host names (aiohttp default)
+        self._session = aiohttp.ClientSession(connector=conn, headers=self._headers,
+                                              cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
+        return self._session
+
+    def _url(self, url: str) -> URL:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= 256:
+                self._urls.clear()
+            parsed = self._urls[url] = URL(url)
+        return parsed
+
+    def _timeout(self, t: httpx.Timeout) -> aiohttp.ClientTimeout:
+        key = (t.connect, t.read, t.write, t.pool)
+        out = self._timeouts.get(key)
+        if out is None:
+            # `connect` bounds waiting for a pooled connection plus connecting; `sock_read` every read
+            pool_and_connect = None if t.pool is None or t.connect is None else t.pool + t.connect
+            out = self._timeouts[key] = aiohttp.ClientTimeout(total=None, connect=pool_and_connect,
+                                                              sock_connect=t.connect, sock_read=t.read)
+        return out
+
+    async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+                   headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
+                   attempt: Attempt | None = None, withhold_key: bool = False) -> AiohttpAnswer:
+        if self._closed:
+            raise ConfigError("this client was closed; make a new one")
+        session = self._session or self._open()
+        extra: Mapping[str, str] | None
+        if json is not None:
+            content = _json.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            extra = self._extra_json[withhold_key]
+        else:
+            extra = self._extra[withhold_key]
+        headers = extra if headers is None else ({**extra, **headers} if extra else headers)
+        watch = _Watch(attempt) if attempt is not None else None
+        token = _WATCH.set(watch)
+        try:
+            r = await session.request(method, self._url(url), data=content, headers=headers,
+                                      timeout=self._timeout(timeout), allow_redirects=False)
+        except WIRE_ERRORS as e:
+            if watch is not None:
+                watch.settle()
+            raise _as_httpx(e) from e
+        finally:
+            _WATCH.reset(token)
+        if stream:
+            return AiohttpAnswer(r)
+        try:
+            body = await r.read()
+        except WIRE_ERRORS as e:
+            r.close()
+            raise _as_httpx(e) from e
+        return AiohttpAnswer(r, body)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,102 @@
+"""A cassette served from a real loopback socket, for wires respx cannot intercept (aiohttp).
+
+Every request is answered with the recorded status and headers; a recorded stream goes out
+chunked, one HTTP chunk per recorded read with a short pause between them (TCP_NODELAY), so
+a character split across reads in the recording usually reaches the client split too (the
+client must cope with any boundary anyway). The request bodies received are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+from ._format import Cassette
+
+PAUSE_S = 0.003
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
+            503: "Service Unavailable"}
+
+
+class _Replay(asyncio.Protocol):
+    def __init__(self, server: "LoopbackReplay") -> None:
+        self.server = server
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buf[:end].decode("latin-1").lower()
+        length = 0
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.strip() == "content-length":
+                length = int(value.strip())
+        if len(self.buf) < end + 4 + length:
+            return
+        body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
+        self.server.sent.append(body)
+        asyncio.get_running_loop().create_task(self._answer())
+
+    async def _answer(self) -> None:
+        c, t = self.server.cassette, self.transport
+        assert t is not None
+        chunks = c.chunks if c.chunks is not None else ((c.body,) if c.body else ())
+        headers = [(k, v) for k, v in c.headers.items() if k not in ("content-length", "transfer-encoding",
+                                                                      "connection")]
+        streamed = c.chunks is not None
+        headers.append(("transfer-encoding", "chunked") if streamed else
+                       ("content-length", str(sum(len(x) for x in chunks))))
+        head = f"HTTP/1.1 {c.status} {_REASONS.get(c.status, 'Status')}\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+        t.write(head.encode("latin-1"))
+        if not streamed:
+            t.write(b"".join(chunks))
+            return
+        for piece in chunks:
+            if piece:
+                t.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                await asyncio.sleep(PAUSE_S)
+        t.write(b"0\r\n\r\n")
+
+
+class LoopbackReplay:
+    """`with LoopbackReplay(cassette) as srv:` — `srv.base_url`, and `srv.sent` (request bodies)."""
+
+    def __init__(self, cassette: Cassette) -> None:
+        self.cassette = cassette
+        self.sent: list[bytes] = []
+        self.base_url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="cassette-loopback")
+        self._server: Any = None
+
+    def __enter__(self) -> "LoopbackReplay":
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(
+            self._loop.create_server(lambda: _Replay(self), "127.0.0.1", 0), self._loop)
+        self._server = fut.result(10)
+        self.base_url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        async def stop() -> None:
+            self._server.close()
+            await self._server.wait_closed()
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()

@@ -1,0 +1,155 @@
+"""The pool's shared capacity view: one probe round per interval shared by every request in
+flight, the pool's own in-flight counts, the all-busy refusal within the staleness bound,
+independent requests spread, conversations kept."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import respx
+
+from faultserver import FaultServer, Seen, Sleep, Step, chat_answer, reply
+from kotoba_vllm import AdmissionRejected, ChatRequest, Message
+from kotoba_vllm.capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, CapacityAnswer, merge_pool_capacity
+from kotoba_vllm.capacity._verdict import PROBE_PATHS
+from kotoba_vllm.capacity._view import CapacityView
+from kotoba_vllm.pool import AsyncPool, Pool
+
+A, B = "http://a.test:8080", "http://b.test:8080"
+BUSY_SLOTS = json.dumps([{"id": 0, "n_ctx": 2048, "is_processing": True, "id_task": 7}])
+IDLE_SLOTS = json.dumps([{"id": 0, "n_ctx": 2048, "is_processing": False}])
+METRICS = ("# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing {p}\n"
+           "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 0\n")
+PROPS = json.dumps({"total_slots": 1, "default_generation_settings": {"n_ctx": 2048}})
+
+
+def cap(**verdicts: str) -> Any:
+    urls = {"a": A, "b": B}
+    return merge_pool_capacity([CapacityAnswer(urls[k], v, v != UNMEASURED) for k, v in verdicts.items()])
+
+
+def test_independent_requests_spread_by_in_flight_count() -> None:
+    view = CapacityView([A, B])
+    view.record(cap(a=UNMEASURED, b=UNMEASURED), started=0.0)
+    picks = []
+    for _ in range(6):
+        adm = view.decide(view.snapshot, None)  # type: ignore[arg-type]
+        assert adm.member is not None and adm.enforced is False
+        view.begin(adm.member)
+        picks.append(adm.member)
+    assert picks == [A, B, A, B, A, B]
+    view.end(A, 1.0)
+    assert view.decide(view.snapshot, None).member == A  # type: ignore[arg-type]
+
+
+def test_one_at_a_time_still_alternates() -> None:
+    view = CapacityView([A, B])
+    view.record(cap(a=UNMEASURED, b=UNMEASURED), started=0.0)
+    picks = []
+    for i in range(4):
+        member = view.decide(view.snapshot, None).member  # type: ignore[arg-type]
+        assert member is not None
+        view.begin(member), view.end(member, 1.0 + i)
+        picks.append(member)
+    assert picks == [A, B, A, B]
+
+
+def test_free_members_share_by_in_flight_and_the_conversation_keeps_its_member() -> None:
+    view = CapacityView([A, B])
+    view.record(cap(a=SLOT_AVAILABLE, b=SLOT_AVAILABLE), started=0.0)
+    view.begin(B), view.begin(B)
+    assert view.decide(view.snapshot, None).member == A  # type: ignore[arg-type]
+    adm = view.decide(view.snapshot, B)  # type: ignore[arg-type]
+    assert adm.member == B and "affinity" in adm.why
+
+
+def test_all_busy_is_refused_until_one_of_ours_finishes_or_the_view_is_stale() -> None:
+    view = CapacityView([A, B], interval_s=0.5)
+    view.record(cap(a=ALL_SLOTS_BUSY, b=ALL_SLOTS_BUSY), started=10.0)
+    assert view.fresh(10.4) and view.decide(view.snapshot, None).member is None  # type: ignore[arg-type]
+    view.end(B, 9.0)  # finished before the round started: the measurement already saw it
+    assert view.decide(view.snapshot, None).member is None  # type: ignore[arg-type]
+    view.end(B, 10.2)  # finished after: a slot we held is free again
+    adm = view.decide(view.snapshot, None)  # type: ignore[arg-type]
+    assert adm.member == B and adm.enforced
+    assert not view.fresh(10.6)  # older than the bound: the next request takes a new round
+
+
+def test_a_late_older_round_never_replaces_a_newer_one() -> None:
+    view = CapacityView([A, B])
+    view.record(cap(a=SLOT_AVAILABLE, b=SLOT_AVAILABLE), started=5.0)
+    view.record(cap(a=ALL_SLOTS_BUSY, b=ALL_SLOTS_BUSY), started=4.0)
+    assert view.snapshot is not None and view.snapshot.measured_available == 2 and view.started == 5.0
+
+
+def test_the_same_request_again_is_independent_but_a_next_turn_is_not() -> None:
+    from kotoba_vllm.capacity._affinity import Affinity
+
+    aff = Affinity()
+    first = ChatRequest(messages=(Message(role="user", content="hi"),))
+    aff.remember(first, B)
+    assert aff.lookup(first) is None  # a repeat spreads like any independent request
+    nxt = ChatRequest(messages=first.messages + (Message(role="assistant", content="yo"),
+                                                 Message(role="user", content="more")))
+    assert aff.lookup(nxt) == B
+
+
+def _members(m: respx.MockRouter, state: str) -> dict[str, respx.Route]:
+    busy = state == "busy"
+    routes = {}
+    for base in (A, B):
+        routes[base + "/slots"] = m.get(base + "/slots").respond(200, text=BUSY_SLOTS if busy else IDLE_SLOTS)
+        m.get(base + "/metrics").respond(200, text=METRICS.format(p=int(busy)))
+        m.get(base + "/props").respond(200, text=PROPS)
+        routes[base] = m.post(base + "/v1/chat/completions").respond(200, json=chat_answer("hi"))
+    return routes
+
+
+def test_sync_pool_refuses_within_the_bound_without_probing_again() -> None:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp", capacity_interval_s=30) as pool:
+        r = _members(m, "busy")
+        for _ in range(3):
+            with pytest.raises(AdmissionRejected) as err:
+                pool.chat("hello")
+            assert err.value.sent is False
+        assert r[A + "/slots"].call_count == 1 and r[B + "/slots"].call_count == 1  # one round for all three
+        assert r[A].call_count == 0 and r[B].call_count == 0  # nothing sent
+
+
+def _member_script(delay: float) -> Any:
+    def script(seen: Seen) -> list[Step]:
+        if seen.method == "GET":
+            return reply({"error": "not found"}, 404)  # vLLM's /metrics and /load off: unmeasured
+        return [Sleep(delay), *reply(chat_answer("Hello"))]
+    return script
+
+
+def test_async_pool_shares_one_probe_round_and_spreads_unmeasured_members() -> None:
+    n, conc = 120, 16
+
+    async def go(urls: list[str]) -> list[Any]:
+        async with AsyncPool(urls, backend="vllm", capacity_interval_s=60) as pool:
+            sem = asyncio.Semaphore(conc)
+
+            async def one(i: int) -> Any:
+                async with sem:
+                    return await pool.chat(f"independent {i}")
+            out = await asyncio.gather(*(one(i) for i in range(n)))
+            assert pool.view.rounds == 1
+            return out
+
+    with FaultServer(_member_script(0.01)) as a, FaultServer(_member_script(0.01)) as b:
+        t = time.perf_counter()
+        results = asyncio.run(asyncio.wait_for(go([a.base_url, b.base_url]), 60))
+        assert time.perf_counter() - t < 60
+        probes = sum(1 for s in a.seen + b.seen if s.method == "GET")
+        posts = Counter(r.extras["pool/member"] for r in results)
+    # one round (vLLM's probe paths of each member), shared by all 120 requests
+    assert probes == 2 * len(PROBE_PATHS["vllm"])
+    assert all(r.text == "Hello" and r.extras["capacity/enforced?"] is False for r in results)
+    assert 0.4 <= posts[a.base_url] / n <= 0.6, posts
