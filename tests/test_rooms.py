@@ -38,6 +38,8 @@ LOCAL_IMPORTS_ALLOWED = {
     ("local.py", "gguf"): "optional (local extra); imports numpy",
     ("local.py", "numpy"): "optional (local extra), heavy",
     ("ray/", "ray"): "optional (ray extra), heavy",
+    ("cli/run.py", "..ray"): "optional (ray extra): only `run --ray` loads Ray",
+    ("_schema/", "..ray"): "optional (ray extra): loaded only to describe run --ray's summary and columns",
 }
 
 # (module path, exception) -> why a built-in exception is raised rather than a KotobaError.

@@ -85,6 +85,13 @@ def batch() -> dict[Any, Any]:
     return {kw("shape/BatchSummary"): observe(_samples.batch_samples())}
 
 
+def ray_batch() -> dict[Any, Any]:
+    from ..ray._rows import COLUMNS, INDEX  # the ray extra: only when the schemas are written
+
+    return {kw("shape/RaySummary"): observe(_samples.ray_summary_samples()),
+            kw("shape/RayRow"): {kw(f"column/{name}"): typ for name, typ in {INDEX: "int64", **COLUMNS}.items()}}
+
+
 def bench() -> dict[Any, Any]:
     return {kw("shape/bench-result"): observe(_samples.bench_samples())}
 
@@ -102,6 +109,9 @@ FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
     "cassette.edn": ("A cassette file. Observed: what Cassette.to_edn writes for every cassette in tests/cassettes"
                      " and the base64 branches", cassette),
     "batch.edn": ("The batch summary. Observed: what BatchSummary.to_edn writes for sample runs", batch),
+    "ray.edn": ("`run --ray`: summary.edn (observed: what kotoba_vllm/ray/_driver.py summary_edn writes) and the "
+                "columns\n;; each output row adds to its input row (kotoba_vllm/ray/_rows.py COLUMNS, Arrow types)",
+                ray_batch),
     "bench.edn": ("One bench result row. Observed: what bench._report.summary_edn writes for sample rows", bench),
 }
 GEN = "by `python -m kotoba_vllm._schema --write`."
