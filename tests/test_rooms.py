@@ -15,6 +15,7 @@ import builtins
 import importlib
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,22 @@ def test_no_import_cycles() -> None:
         if m not in state:
             cycle = visit(m)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_type_ignore_names_its_code_and_why() -> None:
+    """`# type: ignore[code]` with the reason beside it or on the comment line above."""
+    problems = []
+    for path in MODULES:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            if "type: ignore" not in line:
+                continue
+            m = re.search(r"type: ignore\[[a-z-]+(?:, *[a-z-]+)*\](.*)$", line)
+            reason_after = m is not None and "#" in m.group(1)
+            above = n - 1
+            while above >= 0 and "type: ignore" in lines[above]:  # one comment may explain a group
+                above -= 1
+            reason_above = above >= 0 and lines[above].strip().startswith("#")
+            if m is None or not (reason_after or reason_above):
+                problems.append(f"{rel(path)}:{n + 1}: {line.strip()}")
+    assert not problems, "type: ignore without an error code or a reason:\n" + "\n".join(problems)
