@@ -176,7 +176,7 @@ def driver_memory(tmp: str, rows: int) -> dict[str, float]:
     rss0 = _vm("VmRSS")
     out = tempfile.mkdtemp(prefix="ray-bench-")
     t = time.perf_counter()
-    stats = run_pipeline(path, out, pool=["http://127.0.0.1:9"], block_rows=4096, actors=2, actor_cpus=0.5)
+    stats = run_pipeline(path, out, pool=["http://127.0.0.1:9"], block_rows=1024, actors=2, actor_cpus=0.5)
     wall = time.perf_counter() - t
     shutil.rmtree(out, ignore_errors=True)
     assert stats["rows"] == rows and ray.is_initialized()
@@ -203,7 +203,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="ray-bench-in-")
     results: dict[str, Any] = {"load_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
     t = time.perf_counter()
-    ray.init(num_cpus=2, object_store_memory=300 * 1024 * 1024, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
+             log_to_driver=False)
     results["ray_start_s"] = time.perf_counter() - t
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:

@@ -77,8 +77,8 @@ def distributed() -> dict[Any, Any]:
 
 def cassette() -> dict[Any, Any]:
     return {kw("shape/Cassette"): observe(_samples.cassette_samples(),
-                                          {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/_cassette/"
-                                                                                          "expect.py (per cassette)"})}
+                                          {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/cassettes/"
+                                                                                          "_expect.py (per cassette)"})}
 
 
 def batch() -> dict[Any, Any]:
@@ -112,7 +112,7 @@ FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
     "ray.edn": ("`run --ray`: summary.edn (observed: what kotoba_vllm/ray/_driver.py summary_edn writes) and the "
                 "columns\n;; each output row adds to its input row (kotoba_vllm/ray/_rows.py COLUMNS, Arrow types)",
                 ray_batch),
-    "bench.edn": ("One bench result row. Observed: what bench.report.summary_edn writes for sample rows", bench),
+    "bench.edn": ("One bench result row. Observed: what bench._report.summary_edn writes for sample rows", bench),
 }
 GEN = "by `python -m kotoba_vllm._schema --write`."
 

@@ -13,9 +13,9 @@ import attrs
 
 from .._edn import kw
 from ..batch._runner import BatchSummary
-from ..bench.metrics import Rate, ServerRates
-from ..bench.report import summary_edn
-from ..bench.stats import Sample, summarize_group
+from ..bench._metrics import Rate, ServerRates
+from ..bench._report import summary_edn
+from ..bench._stats import Sample, summarize_group
 from ..cassettes import Cassette, load_cassettes
 from ..distributed import plan, spec_from_edn
 
