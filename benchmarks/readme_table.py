@@ -23,7 +23,7 @@ BEGIN, END = "<!-- throughput-table -->", "<!-- /throughput-table -->"
 
 def plain(v: Any) -> Any:
     if isinstance(v, dict):
-        return {(k.name if isinstance(k, Keyword) else k): plain(x) for k, x in v.items()}
+        return {(k.name.split("/")[-1].replace("-", "_") if isinstance(k, Keyword) else k): plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [plain(x) for x in v]
     return v
