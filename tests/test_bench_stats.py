@@ -8,11 +8,11 @@ import pytest
 from kotoba_vllm._edn import kw, read_one
 from kotoba_vllm._errors import AdmissionRejected, RequestTimeout
 from kotoba_vllm._model import Figure, Response, Timings, Usage
-from kotoba_vllm.bench.metrics import parse_counters, server_rates
-from kotoba_vllm.bench.prompts import PromptError, chat, load_prompts, prepared
-from kotoba_vllm.bench.report import plot, render_table, to_edn
-from kotoba_vllm.bench.runner import BenchConfig, BenchReport
-from kotoba_vllm.bench.stats import (Sample, answered_by, differing_endpoints, dist, sample_from_error,
+from kotoba_vllm.bench._metrics import parse_counters, server_rates
+from kotoba_vllm.bench._prompts import PromptError, chat, load_prompts, prepared
+from kotoba_vllm.bench._report import plot, render_table, to_edn
+from kotoba_vllm.bench._runner import BenchConfig, BenchReport
+from kotoba_vllm.bench._stats import (Sample, answered_by, differing_endpoints, dist, sample_from_error,
                                      sample_from_response, summarize)
 
 A, B = "http://a:1", "http://b:2"
@@ -217,7 +217,7 @@ def test_plot_writes_a_png(tmp_path) -> None:
 
 def test_server_cross_check_is_shown_with_its_ratio_and_a_disagreement_is_flagged() -> None:
     import attrs
-    from kotoba_vllm.bench.metrics import Rate, ServerRates
+    from kotoba_vllm.bench._metrics import Rate, ServerRates
     rep = report([sample(A, prefill=(100, 50.0), decode=(20, 400.0))])
     agree = ServerRates("llamacpp", Rate(100, 0.05, 2000.0), Rate(20, 0.4, 50.0))
     rows = tuple(attrs.evolve(s, server=agree) for s in rep.summaries)

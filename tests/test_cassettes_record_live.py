@@ -43,7 +43,7 @@ def rerecorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_rerecording_reproduces_the_committed_set(rerecorded: Path) -> None:
-    from kotoba_vllm._cassette.compare import differences
+    from kotoba_vllm.cassettes._compare import differences
     old = load_cassettes("llamacpp")
     new = [read_cassette(p) for p in sorted(rerecorded.glob("*.edn"))]
     assert len(new) == len(old) >= 15
@@ -53,7 +53,7 @@ def test_rerecording_reproduces_the_committed_set(rerecorded: Path) -> None:
 
 
 def test_rerecorded_set_replays_green(rerecorded: Path) -> None:
-    from kotoba_vllm._cassette.replay import replay_async, replay_sync
+    from kotoba_vllm.cassettes._replay import replay_async, replay_sync
     import test_cassettes_replay as suite
     for c in load_cassettes("llamacpp", root=rerecorded.parent):
         for out in (replay_sync(c), asyncio.run(replay_async(c))):

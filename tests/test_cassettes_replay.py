@@ -18,8 +18,8 @@ import pytest
 
 from kotoba_vllm import (AdmissionRejected, EmbeddingResponse, Health, ModelsResponse, Response, ServerError,
                          TokenizeResponse, DetokenizeResponse, dumps, from_edn, kw, to_edn)
-from kotoba_vllm._cassette.drift import drift
-from kotoba_vllm._cassette.replay import Outcome, replay_async, replay_sync, sent_json
+from kotoba_vllm.cassettes._drift import drift
+from kotoba_vllm.cassettes._replay import Outcome, replay_async, replay_sync, sent_json
 from kotoba_vllm._edn import Keyword, read_one
 from kotoba_vllm.cassettes import Cassette, cassette_body, cassette_json, load_cassettes, request_json
 
@@ -310,7 +310,7 @@ def test_probe_cassettes_give_a_measured_capacity_answer(engine: str) -> None:
 def _serve(cassettes: list[Cassette]):  # type: ignore[no-untyped-def]
     """A respx side effect answering each request from the cassette with the same method, path and body
     (else the first with the same method and path)."""
-    from kotoba_vllm._cassette.replay import http_response
+    from kotoba_vllm.cassettes._replay import http_response
 
     def answer(request: Any) -> Any:
         same = [c for c in cassettes if c.method == request.method and c.path == request.url.path]
@@ -321,8 +321,8 @@ def _serve(cassettes: list[Cassette]):  # type: ignore[no-untyped-def]
 
 def test_recorder_captures_byte_exact_and_reproduces_the_set(tmp_path: Any) -> None:
     import respx
-    from kotoba_vllm._cassette.compare import differences
-    from kotoba_vllm._cassette.recorder import llamacpp_exchanges, record
+    from kotoba_vllm.cassettes._compare import differences
+    from kotoba_vllm.cassettes._recorder import llamacpp_exchanges, record
     old = load_cassettes("llamacpp")
     with respx.mock(base_url="http://rec.invalid:8080") as router:
         router.route().mock(side_effect=_serve(old))  # /props (build_info) included

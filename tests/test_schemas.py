@@ -159,8 +159,8 @@ def test_cassette_files_use_schema_keys() -> None:
 
 def test_batch_and_bench_summaries_write_only_schema_keys() -> None:
     from kotoba_vllm.batch._runner import BatchSummary
-    from kotoba_vllm.bench.report import summary_edn
-    from kotoba_vllm.bench.stats import summarize_group
+    from kotoba_vllm.bench._report import summary_edn
+    from kotoba_vllm.bench._stats import summarize_group
 
     assert _missing("batch.edn", BatchSummary(interrupted=True).to_edn()) == []
     assert _missing("bench.edn", summary_edn(summarize_group("u", "u", 4, []))) == []

@@ -17,7 +17,7 @@ import attrs
 import pytest
 
 from kotoba_vllm import AdmissionRejected, Response, ServerFailure, ValidationError, kw
-from kotoba_vllm._cassette.replay import Outcome, replay_async, replay_sync
+from kotoba_vllm.cassettes._replay import Outcome, replay_async, replay_sync
 from kotoba_vllm.cassettes import Cassette, cassette_body, load_cassettes, sse_payloads
 
 BY_NAME = {c.name: c for c in load_cassettes("vllm")}
@@ -190,7 +190,7 @@ def test_bench_reads_vllms_own_prefill_decode_and_ttft() -> None:
     """From zero (a fresh server) to the recorded /metrics: the rates use the names vLLM exports."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kotoba_vllm.bench.metrics import parse_counters, server_rates
+    from kotoba_vllm.bench._metrics import parse_counters, server_rates
     text = cassette_body(cassette("metrics")).decode()
     after = parse_counters(text)
     before = {k: 0.0 for k in after}
@@ -208,10 +208,10 @@ def test_bench_reads_vllms_own_prefill_decode_and_ttft() -> None:
 
 
 def test_bench_table_puts_the_servers_ttft_beside_the_clients() -> None:
-    from kotoba_vllm.bench.metrics import Mean, Rate, ServerRates
-    from kotoba_vllm.bench.report import render_table, summary_edn
-    from kotoba_vllm.bench.runner import BenchConfig, BenchReport
-    from kotoba_vllm.bench.stats import Sample, summarize
+    from kotoba_vllm.bench._metrics import Mean, Rate, ServerRates
+    from kotoba_vllm.bench._report import render_table, summary_edn
+    from kotoba_vllm.bench._runner import BenchConfig, BenchReport
+    from kotoba_vllm.bench._stats import Sample, summarize
     s = Sample(target="http://h:8000", concurrency=1, started=0.0, finished=0.1, answered_by="http://h:8000",
                completion_tokens=5, ttft_ms=12.0)
     summary = attrs.evolve(summarize([s])[0], server=ServerRates("vllm", Rate(10, 0.01, 1000.0),

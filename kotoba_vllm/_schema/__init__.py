@@ -77,12 +77,19 @@ def distributed() -> dict[Any, Any]:
 
 def cassette() -> dict[Any, Any]:
     return {kw("shape/Cassette"): observe(_samples.cassette_samples(),
-                                          {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/_cassette/"
-                                                                                          "expect.py (per cassette)"})}
+                                          {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/cassettes/"
+                                                                                          "_expect.py (per cassette)"})}
 
 
 def batch() -> dict[Any, Any]:
     return {kw("shape/BatchSummary"): observe(_samples.batch_samples())}
+
+
+def ray_batch() -> dict[Any, Any]:
+    from ..ray._rows import COLUMNS, INDEX  # the ray extra: only when the schemas are written
+
+    return {kw("shape/RaySummary"): observe(_samples.ray_summary_samples()),
+            kw("shape/RayRow"): {kw(f"column/{name}"): typ for name, typ in {INDEX: "int64", **COLUMNS}.items()}}
 
 
 def bench() -> dict[Any, Any]:
@@ -102,7 +109,10 @@ FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
     "cassette.edn": ("A cassette file. Observed: what Cassette.to_edn writes for every cassette in tests/cassettes"
                      " and the base64 branches", cassette),
     "batch.edn": ("The batch summary. Observed: what BatchSummary.to_edn writes for sample runs", batch),
-    "bench.edn": ("One bench result row. Observed: what bench.report.summary_edn writes for sample rows", bench),
+    "ray.edn": ("`run --ray`: summary.edn (observed: what kotoba_vllm/ray/_driver.py summary_edn writes) and the "
+                "columns\n;; each output row adds to its input row (kotoba_vllm/ray/_rows.py COLUMNS, Arrow types)",
+                ray_batch),
+    "bench.edn": ("One bench result row. Observed: what bench._report.summary_edn writes for sample rows", bench),
 }
 GEN = "by `python -m kotoba_vllm._schema --write`."
 

@@ -6,15 +6,16 @@ failed link, a server that reported or did not), so every key it can write appea
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import attrs
 
 from .._edn import kw
 from ..batch._runner import BatchSummary
-from ..bench.metrics import Rate, ServerRates
-from ..bench.report import summary_edn
-from ..bench.stats import Sample, summarize_group
+from ..bench._metrics import Rate, ServerRates
+from ..bench._report import summary_edn
+from ..bench._stats import Sample, summarize_group
 from ..cassettes import Cassette, load_cassettes
 from ..distributed import plan, spec_from_edn
 
@@ -63,6 +64,16 @@ def batch_samples() -> list[dict[Any, Any]]:
     done.outcomes.update({"ok": 2, "validation": 1})
     cut = BatchSummary(interrupted=True, stopped_at=7, pending="out.edn.journal", input_error="line 8: not JSON")
     return [done.to_edn(), cut.to_edn()]
+
+
+def ray_summary_samples() -> list[dict[Any, Any]]:
+    from ..ray._summary import summary_edn
+
+    stats = {"outcomes": Counter({"ok": 9, "admission-rejected": 1}), "rows": 10, "sent": 11, "maybe_sent_twice": 1,
+             "files": 2}
+    return [summary_edn(stats, already_done=0, elapsed_s=2.0, output="out/"),
+            summary_edn(dict(stats, outcomes=Counter(), rows=0, sent=0, maybe_sent_twice=0, files=0),
+                        already_done=10, elapsed_s=0.0, output="out/")]
 
 
 def bench_samples() -> list[dict[Any, Any]]:

@@ -28,6 +28,12 @@ def _read_segment(text: str, source: str, line: int, column: int) -> Iterator[Fo
     return read_forms(text, source, line=line, column=column)
 
 
+def read_located(text: str, source: str, line: int = 1, column: int = 1) -> Iterator[Form]:
+    """The forms of `text` located as if it started at `line`:`column` of `source`
+    (a segment cut from a larger file keeps the file's positions in its problems)."""
+    return _read_segment(text, source, line, column)
+
+
 class FormStream:
     """Yield the top-level forms of a text stream one at a time, located in the file.
 
@@ -122,6 +128,20 @@ class FormStream:
                 pos += self.off
 
     def __iter__(self) -> Iterator[Form | EdnError]:
+        for seg, line, col in self.segments():
+            if not self.recover:
+                yield from _read_segment(seg, self.source, line, col)
+                continue
+            try:
+                forms = list(_read_segment(seg, self.source, line, col))
+            except EdnError as e:
+                yield e
+                continue
+            yield from forms
+
+    def segments(self) -> Iterator[tuple[str, int, int]]:
+        """The raw text of each top-level form (usually one form, possibly a few atoms) with the
+        line and column where it starts; `read_located` reads one back with the same positions."""
         self._more()
         self._skip_blank()
         in_vector = False
@@ -145,12 +165,4 @@ class FormStream:
             end = self._cut(in_vector)
             seg, line, col = self.buf[self.off:end], self.line, self.column
             self._advance(end)
-            if not self.recover:
-                yield from _read_segment(seg, self.source, line, col)
-                continue
-            try:
-                forms = list(_read_segment(seg, self.source, line, col))
-            except EdnError as e:
-                yield e
-                continue
-            yield from forms
+            yield seg, line, col

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import IO, Iterator
 
-from .._edn import EdnError
+from .._edn import EdnError, Form
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
 from .._validate import request_problems
@@ -13,7 +13,7 @@ from ._edn_stream import FormStream
 from ._entry import BatchEntry
 from ._jsonl import iter_jsonl_entries
 
-__all__ = ["BatchEntry", "detect_format", "iter_edn_entries", "iter_entries"]
+__all__ = ["BatchEntry", "detect_format", "entry_from_form", "iter_edn_entries", "iter_entries", "syntax_entry"]
 
 
 def detect_format(path: str, fmt: str | None = None) -> str:
@@ -28,18 +28,25 @@ def _open(path: str) -> IO[str]:
     return open(path, encoding="utf-8", errors="strict", newline="")
 
 
+def syntax_entry(index: int, err: EdnError) -> BatchEntry:
+    """The entry for a form that does not read: an `:edn/syntax` problem, nothing to send."""
+    where = f"{err.source}:{err.line}:{err.column}"
+    return BatchEntry(index, where, None, (Problem("error", "edn/syntax", err.msg, where=where),))
+
+
+def entry_from_form(index: int, f: Form) -> BatchEntry:
+    """One read EDN form as a request entry, its problems located in the form's text."""
+    req, problems = request_from_edn(f.value, f)
+    if req is not None:  # engine-independent checks now, so their problems name the key's line
+        problems = problems + locate_problems(request_problems(req), f)
+    return BatchEntry(index, f.where, req, tuple(problems))
+
+
 def iter_edn_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
     """Each request form of an EDN stream; a form that does not read is an entry with an
     `:edn/syntax` problem, and reading goes on."""
     for i, f in enumerate(FormStream(fh, source, recover=True)):
-        if isinstance(f, EdnError):
-            where = f"{f.source}:{f.line}:{f.column}"
-            yield BatchEntry(i, where, None, (Problem("error", "edn/syntax", f.msg, where=where),))
-            continue
-        req, problems = request_from_edn(f.value, f)
-        if req is not None:  # engine-independent checks now, so their problems name the key's line
-            problems = problems + locate_problems(request_problems(req), f)
-        yield BatchEntry(i, f.where, req, tuple(problems))
+        yield syntax_entry(i, f) if isinstance(f, EdnError) else entry_from_form(i, f)
 
 
 def iter_entries(path: str, fmt: str | None = None) -> Iterator[BatchEntry]:

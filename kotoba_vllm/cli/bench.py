@@ -7,9 +7,9 @@ import sys
 
 from .._edn import EdnError, pretty
 from .._errors import PromptError
-from ..bench.prompts import chat, load_prompts
-from ..bench.report import plot, render_table, to_edn
-from ..bench.runner import BenchConfig, PoolTarget, build_prompts, run as run_bench
+from ..bench._prompts import chat, load_prompts
+from ..bench._report import plot, render_table, to_edn
+from ..bench._runner import BenchConfig, PoolTarget, build_prompts, run as run_bench
 from ..dialects import DIALECTS
 from ..pool import load_pool_config
 

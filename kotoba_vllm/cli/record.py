@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from .._cassette.recorder import engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
-from .._cassette.vllm_sets import vllm_exchanges
+from ..cassettes._recorder import engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
+from ..cassettes._vllm_sets import vllm_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
 

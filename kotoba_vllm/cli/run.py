@@ -52,14 +52,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", "-c", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--resume", action="store_true",
                    help="complete an interrupted --output: send only what it does not answer yet")
-    p.add_argument("--format", choices=["edn", "jsonl"], default=None,
-                   help="output format (default: from --output's extension, else the input's format)")
-    p.add_argument("--input-format", choices=["edn", "jsonl"], default=None,
-                   help="input format (default: .jsonl/.ndjson is JSONL, anything else EDN)")
+    p.add_argument("--format", choices=["edn", "jsonl", "parquet"], default=None,
+                   help="output format (default: from --output's extension, else the input's format; "
+                        "with --ray: parquet for Parquet input, else jsonl)")
+    p.add_argument("--input-format", choices=["edn", "jsonl", "parquet"], default=None,
+                   help="input format (default: .jsonl/.ndjson is JSONL, .parquet Parquet (--ray), anything else EDN)")
     p.add_argument("--summary", help="also write the closing summary as an EDN map to this file")
     p.add_argument("--window", type=int, default=None,
                    help="most results held waiting for an earlier one (default max(1024, 64 x concurrency))")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    ray = p.add_argument_group("Ray Data (pip install 'kotoba-vllm[ray]'; see docs/ray.md)")
+    ray.add_argument("--ray", action="store_true",
+                     help="run on Ray Data: --output is a directory of part files named by index range, "
+                          "plus summary.edn; EDN, JSONL or Parquet in, JSONL, Parquet or EDN out")
+    ray.add_argument("--ray-address", default=None,
+                     help="join this Ray cluster ('auto': the one started here with `ray start`); "
+                          "default: a local Ray on this machine")
+    ray.add_argument("--block-rows", type=int, default=256, help="requests per block (default 256)")
+    ray.add_argument("--ray-actors", type=int, default=2, help="request actors (default 2); each keeps "
+                                                               "--concurrency requests in flight")
+    ray.add_argument("--ray-actor-cpus", type=float, default=0.5,
+                     help="CPUs Ray reserves per request actor (default 0.5; the client mostly waits)")
 
 
 class _LocalOnDemand:
@@ -114,6 +127,16 @@ def _formats(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        try:
+            from ..ray._driver import run_ray
+        except ImportError as e:
+            print(f"error: --ray needs the ray extra: pip install 'kotoba-vllm[ray]' ({e})", file=sys.stderr)
+            return 2
+        return run_ray(args)
+    if args.format == "parquet" or args.input_format == "parquet":
+        print("error: Parquet needs --ray", file=sys.stderr)
+        return 2
     if args.resume and not args.output:
         print("error: --resume needs --output (the file to complete)", file=sys.stderr)
         return 2

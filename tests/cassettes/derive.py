@@ -22,8 +22,8 @@ import attrs
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from kotoba_vllm._cassette.expect import expect_for  # noqa: E402
-from kotoba_vllm._cassette.recorder import Exchange, _edn, _m, _wire  # noqa: E402
+from kotoba_vllm.cassettes._expect import expect_for  # noqa: E402
+from kotoba_vllm.cassettes._recorder import Exchange, _edn, _m, _wire  # noqa: E402
 from kotoba_vllm._edn import Keyword, kw  # noqa: E402
 from kotoba_vllm.cassettes import Cassette, write_cassette  # noqa: E402
 

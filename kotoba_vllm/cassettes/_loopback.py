@@ -13,7 +13,7 @@ import socket
 import threading
 from typing import Any
 
-from ..cassettes import Cassette
+from ._format import Cassette
 
 PAUSE_S = 0.003
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
@@ -27,7 +27,8 @@ class _Replay(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)  # a TCP server's connections are full transports
+        self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -20,10 +20,10 @@ import httpx
 from .._edn import Keyword, kw
 from .._errors import ValidationError
 from .._requests import request_from_edn
-from ..cassettes import KEPT_HEADERS, Cassette, write_cassette
+from ._format import KEPT_HEADERS, Cassette, write_cassette
 from ..dialects import get_dialect
 from ..local import LlamaServer, build_string
-from .expect import expect_for
+from ._expect import expect_for
 
 RECORD_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
 # Long enough to overflow a 512-token slot with the tiny byte-level vocabulary.

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .._edn import kw
-from .metrics import Rate, ServerRates
-from .runner import BenchReport
-from .stats import Dist, Misleading, Pooled, Sample, Summary
+from ._metrics import Rate, ServerRates
+from ._runner import BenchReport
+from ._stats import Dist, Misleading, Pooled, Sample, Summary
 
 MISLEADING_NOTE = ("completion_tokens / wall_clock: prefill, queueing and network sit inside the wall clock; "
                    "not a decode rate")

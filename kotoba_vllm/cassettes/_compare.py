@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..cassettes import Cassette, sse_payloads
+from ._format import Cassette, sse_payloads
 
 # Values that legitimately change between two recordings of the same exchange.
 VOLATILE = frozenset({"id", "created", "timings", "system_fingerprint", "model", "model_path", "model_alias",

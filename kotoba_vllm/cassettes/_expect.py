@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from .._edn import Keyword, keyword_or_string, kw
-from ..cassettes import sse_payloads
+from ._format import sse_payloads
 
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
 # Gauges the capacity probes read from each engine's /metrics: a re-recording without one fails.

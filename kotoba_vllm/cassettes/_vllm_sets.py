@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from .._edn import Keyword, kw
-from .recorder import OVERFLOW_PROMPT, Exchange
-from .recorder import edn_request as _edn
-from .recorder import user_chat as _chat
-from .recorder import vllm_map as _m
+from ._recorder import OVERFLOW_PROMPT, Exchange
+from ._recorder import edn_request as _edn
+from ._recorder import user_chat as _chat
+from ._recorder import vllm_map as _m
 
 SETS = ("default", "parsers", "busy", "backlog", "engine-death")
 GREETING = "Hello there, world."

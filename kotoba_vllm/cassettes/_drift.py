@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import attrs
 
 from .._edn import kw
-from ..cassettes import Cassette, sse_payloads
+from ._format import Cassette, sse_payloads
 
 _K_REQUEST = kw("call/request")
 _K_ENDPOINT = kw("vllm/endpoint")

@@ -20,9 +20,9 @@ from .._client import AsyncClient, Client
 from .._edn import kw
 from .._errors import KotobaError
 from .._model import StreamDelta
-from ..cassettes import Cassette
+from ._format import Cassette
 from ..dialects import classify_error
-from .loopback import LoopbackReplay
+from ._loopback import LoopbackReplay
 
 BASE_URL = "http://cassette.invalid:8000"
 K_REQUEST = kw("call/request")

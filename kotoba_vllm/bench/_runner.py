@@ -21,9 +21,9 @@ from .._client import AsyncClient
 from .._errors import KotobaError
 from .._model import TokenizeRequest
 from ..pool import AsyncPool
-from .metrics import ServerRates, parse_counters, server_rates, unavailable
-from .prompts import BenchRequest, chat, long_text, prepared
-from .stats import Sample, Summary, differing_endpoints, sample_from_error, sample_from_response, summarize
+from ._metrics import ServerRates, parse_counters, server_rates, unavailable
+from ._prompts import BenchRequest, chat, long_text, prepared
+from ._stats import Sample, Summary, differing_endpoints, sample_from_error, sample_from_response, summarize
 
 
 @attrs.frozen

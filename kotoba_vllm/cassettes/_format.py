@@ -13,7 +13,8 @@ A cassette is a file under `tests/cassettes/<engine>/NAME.edn`:
 
 Bodies are stored as text so they stay byte-faithful; a body or chunk list that is not valid
 UTF-8 (a TCP read can split a multi-byte character) is stored base64 under `-b64` keys.
-Pure data and file I/O only: the replay and recorder live in `kotoba_vllm._cassette`.
+Pure data and file I/O only: the recorder, replay, expectations and drift tables are the
+private modules beside this one.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from typing import Any, Iterable
 
 import attrs
 
-from ._edn import Edn, Keyword, kw, pretty, read_file
-from ._errors import CassetteError
+from .._edn import Edn, Keyword, kw, pretty, read_file
+from .._errors import CassetteError
 
 ENGINES = ("llamacpp", "vllm", "sglang", "router")
 HOWS = ("recorded", "derived")
 # Response headers worth keeping: the ones a client decision reads.
 KEPT_HEADERS = ("content-type", "retry-after", "content-length", "transfer-encoding", "x-request-id")
 
-DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "tests" / "cassettes"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "tests" / "cassettes"
 
 
 @attrs.frozen

@@ -1,0 +1,171 @@
+"""Rows in, rows out (pure; no Ray, no I/O): a row's request becomes a `BatchEntry`, an outcome
+becomes the flat typed columns plus the record text `run` writes.
+
+A row's request is one of
+- EDN text of one request map (`"{:vllm/endpoint :chat ...}"`), located at the row's `where`;
+- a request map with `Keyword` keys, as the EDN reader returns it;
+- one OpenAI/vLLM batch JSONL line, as text or as its decoded object
+  (`{"custom_id": .., "url": .., "body": {..}}`), or the row itself when it has those columns.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from .._edn import EdnError, Keyword
+from .._errors import AdmissionRejected, ConfigError, KotobaError, ValidationError
+from .._requests import request_from_edn
+from .._validate import request_problems
+from ..batch import BatchEntry, Recorder, entry_from_form, line_to_entry, read_located, syntax_entry
+from .._problems import Problem
+
+INDEX = "request_index"  # the input position; readers add it, the stage requires it
+REQUEST = "request"
+WHERE = "where"  # "file:line:column" of the request in its input, when known
+
+# name -> Arrow type name, in output order. The record column is the EDN `run` writes.
+COLUMNS: dict[str, str] = {
+    "request_id": "string", "ok": "bool", "error": "string", "admission_reason": "string",
+    "finish_reason": "string", "text": "string",
+    "prompt_tokens": "int64", "completion_tokens": "int64", "cached_tokens": "int64",
+    "endpoint_url": "string", "backend": "string",
+    "prefill_tokens": "int64", "prefill_ms": "float64", "prefill_tokens_per_s": "float64",
+    "prefill_provenance": "string",
+    "decode_tokens": "int64", "decode_ms": "float64", "decode_tokens_per_s": "float64",
+    "decode_provenance": "string",
+    "sent": "bool", "maybe_sent_twice": "bool", "record": "string",
+}
+_BATCH_LINE_KEYS = ("custom_id", "method", "url", "body")
+_RECORDER = Recorder("edn")
+
+
+def _drop_nulls(v: Any) -> Any:
+    # A JSON struct column fills fields other rows have with nulls; absent and null mean the same to OpenAI.
+    if isinstance(v, dict):
+        return {k: _drop_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_drop_nulls(x) for x in v]
+    return v
+
+
+def _edn_text_entry(index: int, text: str, where: str | None) -> BatchEntry:
+    source, line, column = "<row>", 1, 1
+    if where:
+        head, _, rest = where.rpartition(":")
+        src, _, ln = head.rpartition(":")
+        if src and ln.isdigit() and rest.isdigit():
+            source, line, column = src, int(ln), int(rest)
+        else:
+            source = where
+    try:
+        forms = list(read_located(text, source, line, column))
+    except EdnError as e:
+        return syntax_entry(index, e)
+    if len(forms) != 1:
+        at = f"{source}:{line}:{column}"
+        return BatchEntry(index, at, None, (Problem("error", "batch/row", f"a row holds one request form, "
+                                                                          f"found {len(forms)}", where=at),))
+    return entry_from_form(index, forms[0])
+
+
+def entry_from_value(index: int, value: Any, where: str | None = None) -> BatchEntry:
+    """The entry for one row's request value (see the module docstring for the shapes)."""
+    at = where or f"<row {index}>"
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        stripped = value.lstrip()
+        if stripped.startswith('{"'):
+            try:
+                obj = json.loads(value)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                source, _, line = at.rpartition(":")[0].rpartition(":")
+                return line_to_entry(index, value, source or at, int(line) if line.isdigit() else 1)
+        return _edn_text_entry(index, value, where)
+    if isinstance(value, Mapping):
+        if value and all(isinstance(k, Keyword) for k in value):
+            req, problems = request_from_edn(dict(value))
+            if req is not None:
+                problems = problems + request_problems(req)
+            return BatchEntry(index, at, req, tuple(problems))
+        if any(k in value for k in _BATCH_LINE_KEYS):
+            line = json.dumps(_drop_nulls(dict(value)), ensure_ascii=False, default=str)
+            return line_to_entry(index, line, at, 1)
+    return BatchEntry(index, at, None, (Problem(
+        "error", "batch/row", f"a row's request must be EDN text, a :vllm/* map or a batch JSONL line; "
+                              f"got {type(value).__name__}", where=at),))
+
+
+def entry_from_row(row: Mapping[str, Any]) -> BatchEntry:
+    """A row with `request_index` and either a `request` column or the batch JSONL columns."""
+    index = row.get(INDEX)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise ConfigError(f"every row needs an integer {INDEX!r} column (the readers in kotoba_vllm.ray add it)")
+    where = row.get(WHERE)
+    if REQUEST in row:
+        return entry_from_value(index, row[REQUEST], where)
+    return entry_from_value(index, {k: row[k] for k in _BATCH_LINE_KEYS if k in row}, where)
+
+
+# ------------------------------------------------------------------ outcomes -> columns
+
+
+def _base(e: BatchEntry) -> dict[str, Any]:
+    out = dict.fromkeys(COLUMNS)
+    rid = e.custom_id if e.custom_id is not None else e.request_id
+    out["request_id"] = None if rid is None else str(rid)
+    out["sent"] = out["maybe_sent_twice"] = False
+    return out
+
+
+def _figure(out: dict[str, Any], prefix: str, fig: Any) -> None:
+    out[f"{prefix}_provenance"] = fig.provenance
+    out[f"{prefix}_tokens"] = fig.tokens
+    out[f"{prefix}_ms"] = fig.ms
+    out[f"{prefix}_tokens_per_s"] = fig.tokens_per_s
+
+
+def ok_columns(e: BatchEntry, resp: Any) -> dict[str, Any]:
+    out = _base(e)
+    out.update(ok=True, sent=True, record=_RECORDER.ok(e, resp, [])[-1])
+    out["text"] = getattr(resp, "text", None)
+    out["finish_reason"] = getattr(resp, "finish_reason", None)
+    out["endpoint_url"] = getattr(resp, "endpoint_url", None)
+    out["backend"] = getattr(resp, "backend", None)
+    usage = getattr(resp, "usage", None)
+    if usage is not None:
+        out.update(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                   cached_tokens=usage.cached_tokens)
+    timings = getattr(resp, "timings", None)
+    if timings is not None:
+        _figure(out, "prefill", timings.prefill)
+        _figure(out, "decode", timings.decode)
+    else:
+        out["prefill_provenance"] = out["decode_provenance"] = "unavailable"
+    return out
+
+
+def error_columns(e: BatchEntry, err: KotobaError) -> dict[str, Any]:
+    out = _base(e)
+    out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err)[-1])
+    out["sent"] = not isinstance(err, ValidationError) and getattr(err, "sent", True)
+    if isinstance(err, AdmissionRejected):
+        out["admission_reason"] = err.reason
+    return out
+
+
+def invalid_columns(e: BatchEntry) -> dict[str, Any]:
+    out = _base(e)
+    out.update(ok=False, error="validation", record=_RECORDER.invalid(e)[-1])
+    return out
+
+
+def flag_maybe_sent_twice(cols: dict[str, Any]) -> dict[str, Any]:
+    """Mark a record whose request an earlier attempt may already have delivered. The record is the text
+    of one EDN map, so the key goes in front of its first key."""
+    rec = cols["record"]
+    assert isinstance(rec, str) and rec.startswith("{")
+    return {**cols, "maybe_sent_twice": True, "record": "{:vllm/maybe-sent-twice true " + rec[1:].lstrip()}

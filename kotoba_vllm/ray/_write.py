@@ -1,0 +1,138 @@
+"""Output: one file per block, its records sorted by request index and the file named by the range
+it holds (`part-000000000000-000000000255.jsonl`), so sorting the names and streaming the files
+reads every record in input order. Each file is written whole under a temporary name and renamed,
+so a re-executed write replaces it with the same content and a reader never sees half a file.
+
+Formats: `jsonl` (one JSON object per row: the input columns, the typed columns and the EDN
+`record`), `parquet` (the same columns), `edn` (the EDN records alone, exactly what `run` writes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from .._edn import EdnError, kw
+from .._errors import ConfigError
+from ..batch import FormStream
+from ._rows import INDEX
+
+FORMATS = ("jsonl", "parquet", "edn")
+_PART = re.compile(r"part-(\d+)-(\d+)\.(jsonl|parquet|edn)$")
+
+
+def part_name(lo: int, hi: int, fmt: str) -> str:
+    return f"part-{lo:012d}-{hi:012d}.{fmt}"
+
+
+def part_files(directory: str) -> list[tuple[int, int, str]]:
+    """(first index, last index, path) of every finished part file, in index order."""
+    out = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        m = _PART.match(name)
+        if m:
+            out.append((int(m.group(1)), int(m.group(2)), os.path.join(directory, name)))
+    return sorted(out)
+
+
+def _write_table(table: Any, path: str, fmt: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    if fmt == "parquet":
+        pq.write_table(table, tmp)
+    else:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            if fmt == "edn":
+                for rec in table.column("record").to_pylist():
+                    fh.write(rec + "\n")
+            else:
+                for row in table.to_pylist():
+                    fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _runs(table: Any) -> list[Any]:
+    """The table (sorted by index) cut where the index skips: a file holds every index of its range,
+    so the ranges of any two files never overlap (inputs skipped by --resume are in older files)."""
+    index = table.column(INDEX).to_numpy()
+    cuts = (np.nonzero(np.diff(index) != 1)[0] + 1).tolist()
+    bounds = [0, *cuts, len(index)]
+    return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
+
+
+def block_stats(table: Any) -> dict[str, Any]:
+    """What a summary counts, for one block of output rows."""
+    outcomes: Counter[str] = Counter()
+    for ok, err in zip(table.column("ok").to_pylist(), table.column("error").to_pylist()):
+        outcomes["ok" if ok else (err or "error")] += 1
+    return {"outcomes": dict(outcomes), "rows": table.num_rows,
+            "sent": sum(1 for s in table.column("sent").to_pylist() if s),
+            "maybe_sent_twice": sum(1 for s in table.column("maybe_sent_twice").to_pylist() if s)}
+
+
+def records_datasink(directory: str, fmt: str) -> Any:
+    """A `ray.data.Datasink` writing part files into `directory`; `.stats` holds the merged counts
+    after `write_datasink` returns."""
+    from ray.data.block import BlockAccessor
+    from ray.data.datasource import Datasink
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"output format must be one of {', '.join(FORMATS)}")
+
+    class RecordFiles(Datasink[list[dict[str, Any]]]):
+        def __init__(self) -> None:
+            self.stats: dict[str, Any] = {"outcomes": Counter(), "rows": 0, "sent": 0, "maybe_sent_twice": 0,
+                                          "files": 0}
+
+        def get_name(self) -> str:
+            return "RecordFiles"
+
+        def on_write_start(self, schema: Any = None) -> None:
+            os.makedirs(directory, exist_ok=True)
+
+        def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:
+            out = []
+            for block in blocks:
+                table = BlockAccessor.for_block(block).to_arrow()
+                if table.num_rows == 0:
+                    continue
+                table = table.sort_by(INDEX)
+                for run in _runs(table):
+                    index = run.column(INDEX)
+                    lo, hi = index[0].as_py(), index[-1].as_py()
+                    _write_table(run, os.path.join(directory, part_name(lo, hi, fmt)), fmt)
+                    out.append(block_stats(run))
+            return out
+
+        def on_write_complete(self, write_result: Any) -> None:
+            for per_task in write_result.write_returns:
+                for s in per_task:
+                    self.stats["outcomes"].update(s["outcomes"])
+                    for k in ("rows", "sent", "maybe_sent_twice"):
+                        self.stats[k] += s[k]
+                    self.stats["files"] += 1
+
+    return RecordFiles()
+
+
+def done_indices(directory: str) -> Any:
+    """Sorted indices that already have a record in `directory` (numpy int64): what `--resume` skips."""
+    parts = []
+    for _, _, path in part_files(directory):
+        if path.endswith(".parquet"):
+            parts.append(pq.read_table(path, columns=[INDEX]).column(INDEX).to_numpy())
+        elif path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as fh:
+                parts.append(np.fromiter((json.loads(line)[INDEX] for line in fh if line.strip()), np.int64))
+        else:
+            k = kw("vllm/request-index")
+            with open(path, encoding="utf-8") as fh:
+                parts.append(np.fromiter((f.value.get(k) for f in FormStream(fh, path, vector_elements=False,
+                                                                              recover=True)
+                                          if not isinstance(f, EdnError) and isinstance(f.value, dict)), np.int64))
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
