@@ -23,7 +23,7 @@ BEGIN, END = "<!-- throughput-table -->", "<!-- /throughput-table -->"
 
 def plain(v: Any) -> Any:
     if isinstance(v, dict):
-        return {(k.name if isinstance(k, Keyword) else k): plain(x) for k, x in v.items()}
+        return {(k.name.split("/")[-1].replace("-", "_") if isinstance(k, Keyword) else k): plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [plain(x) for x in v]
     return v
@@ -47,7 +47,7 @@ def tables(result: dict[str, Any], name: str) -> str:
     head = "| in flight | " + " | ".join(label for _, label in present) + " |"
     sep = "|---" * (len(present) + 1) + "|"
     out = [f"From `benchmarks/results/{name}` ({result['date']}; {mach['nproc']} cores, load "
-           f"{mach.get('load-avg', mach.get('load-avg-1m'))}; Python {mach['python']}, aiohttp {mach.get('aiohttp')}, "
+           f"{mach.get('load_avg', mach.get('load_avg_1m'))} (1, 5, 15 min) at the end; Python {mach['python']}, aiohttp {mach.get('aiohttp')}, "
            f"httpx {mach['httpx']}, httpx2 {mach.get('httpx2')}, openai {mach['openai']}, flexllm "
            f"{mach.get('flexllm')}). Client pinned to one core, server to the other, each answer after 20 ms; "
            "median of the rounds; every contender got every answer right.", ""]
