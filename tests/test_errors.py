@@ -31,6 +31,17 @@ def test_an_edn_message_of_the_wrong_shape_is_a_kotoba_error() -> None:
         c.chat([{kw("vllm/role"): 5}])
 
 
+@pytest.mark.parametrize("messages", [
+    [{"content": "hi"}],                                  # OpenAI-style, no role
+    [{"role": 5, "content": "hi"}],                       # a role that is no role
+    [{"role": "user", "content": "x", "tool_calls": "nope"}],
+    [None],
+], ids=["no-role", "bad-role", "bad-tool-calls", "none"])
+def test_a_bad_message_structure_in_chat_is_a_kotoba_error_never_a_key_error(messages: Any) -> None:
+    with Client(URL, backend="llamacpp") as c, pytest.raises(KotobaError):
+        c.chat(messages)
+
+
 def test_bad_edn_text_names_file_line_and_column() -> None:
     with pytest.raises(KotobaError) as e:
         list(read_forms('{:a 1}\n{:b "unclosed', "req.edn"))
