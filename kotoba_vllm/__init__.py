@@ -10,10 +10,10 @@ docs/architecture.md shows which module owns each step.
 
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._edn import Edn, EdnMap, Keyword, dumps, kw, pretty, read_file, read_forms
-from ._errors import (AdmissionRejected, BadRequest, CassetteError, ConfigError, EdnError, EdnWriteError,
-                      KotobaError, LocalServerError, NotReady, PromptError, ProtocolError, RequestTimeout, ServerError,
-                      ServerFailure, StreamBroken, StructureError, TransportError, Unparsable, Unreachable,
-                      ValidationError)
+from ._errors import (AdmissionRejected, BadNumber, BadRequest, CassetteError, ConfigError, EdnError,
+                      EdnWriteError, InternalError, KotobaError, LocalServerError, NotReady, PromptError, ProtocolError,
+                      RequestTimeout, ServerError, ServerFailure, StreamBroken, StructureError, TransportError,
+                      Unparsable, Unreachable, ValidationError)
 from ._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, DetokenizeResponse,
                      EmbeddingRequest, EmbeddingResponse, Figure, GenerateRequest, Health, Message, ModelInfo,
                      ModelsResponse, Response, Sampling, StreamDelta, Timings, TokenizeRequest, TokenizeResponse,
@@ -27,9 +27,10 @@ from .pool import AsyncPool, Pool
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdmissionRejected", "AsyncClient", "AsyncStream", "BadRequest", "ChatRequest", "Choice", "Client",
+    "AdmissionRejected", "AsyncClient", "BadNumber", "AsyncStream", "BadRequest", "ChatRequest", "Choice", "Client",
     "CompletionRequest", "ContentPart", "DetokenizeRequest", "DetokenizeResponse", "EdnError", "EmbeddingRequest",
-    "EmbeddingResponse", "Figure", "GenerateRequest", "Health", "HttpRequest", "Keyword", "KotobaError", "Message",
+    "EmbeddingResponse", "Figure", "GenerateRequest", "Health", "HttpRequest", "InternalError", "Keyword",
+    "KotobaError", "Message",
     "ModelInfo", "ModelsResponse", "NotReady", "Problem", "ProtocolError", "RequestTimeout", "Response", "Sampling",
     "ServerError", "ServerFailure", "Stream", "StreamBroken", "StreamDelta", "Timings", "TokenizeRequest",
     "TokenizeResponse", "ToolCall", "TransportError", "Unreachable", "Usage", "ValidationError", "__version__",

@@ -153,8 +153,8 @@ class _Watch:
 
     def settle(self) -> None:
         """After a failure: did any response byte arrive during this attempt?"""
-        if self.proto is not None and self.proto.bytes_in > self.start:
-            self.attempt.got_response = True
+        if self.proto is not None:  # the count is the evidence either way: moved, or positively not
+            self.attempt.got_response = self.proto.bytes_in > self.start
 
 
 class AiohttpWire:

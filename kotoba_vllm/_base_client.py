@@ -14,13 +14,18 @@ from typing import Any, Iterable, Iterator, Mapping, Union
 import attrs
 import httpx
 
-from ._edn import Edn, EdnMap, Keyword
-from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, StreamBroken, TransportError,
-                      Unreachable, ValidationError, register_secret)
+from ._codec import structure_located
+from ._edn import Edn, EdnMap, Keyword, kw
+from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
+                      TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, REQUEST_TYPES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
-                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest, from_edn)
+                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest)
+from ._openai_messages import MESSAGE_FIELDS, message_to_edn
+from ._origins import TrustedOrigins, origin_of, show
 from ._problems import Problem
 from ._requests import request_from_edn
+from ._resend import AttemptEvidence
+from ._resend import may_resend as evidence_allows_resend
 from ._timings import ClientClock
 from ._validate import validate
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
@@ -63,34 +68,62 @@ def decide_backend(path: str, status: int, body: Any) -> str | None:
     return None
 
 
-_SAMPLING_FIELDS = frozenset(attrs.fields_dict(Sampling))
+# Keyword argument name -> the EDN key it stands for: keyword arguments go through the EDN reader.
+_SAMPLING_KEYS = {a.name: kw(a.metadata["edn"]) for a in attrs.fields(Sampling)}
+
+
+def _as_edn_value(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v  # a Python tuple is an EDN vector here, as a list is
 
 
 def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
+    """`temperature=0.2, max_tokens=64` -> Sampling, checked exactly as the EDN `:vllm/sampling` map is:
+    types here by the same reader, ranges and engine support by `validate` before sending. A wrong
+    value is a ValidationError and nothing is sent."""
     if not kwargs:
         return None
-    unknown = [k for k in kwargs if k not in _SAMPLING_FIELDS]
+    unknown = [k for k in kwargs if k not in _SAMPLING_KEYS]
     if unknown:
         raise ValidationError([Problem("error", "sampling/unknown", f"unknown sampling argument {k!r}", field=k)
                                for k in unknown])
-    # Any: the caller's keyword values, checked by validation before anything is sent.
-    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()}
-    return Sampling(**values)
+    edn = {_SAMPLING_KEYS[k]: _as_edn_value(v) for k, v in kwargs.items()}
+    sampling, problems = structure_located(edn, Sampling)
+    if sampling is None:
+        raise ValidationError(problems)
+    return sampling  # ranges and engine support: `validate` in `_plan`, as for an EDN request
+
+
+def _message_problem(i: int, msg: str, field: str | None = None) -> ValidationError:
+    return ValidationError([Problem("error", "message/type", f"message {i}: {msg}", field=field)])
 
 
 def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
-    """A string (one user turn), typed messages, EDN message maps or OpenAI-style dicts."""
+    """A string (one user turn), typed messages, EDN message maps or OpenAI-style dicts (with
+    `tool_calls`, `tool_call_id` and `name` kept). What cannot be kept is a ValidationError."""
     if isinstance(messages, str):
         return (Message(role="user", content=messages),)
+    if isinstance(messages, dict) or not isinstance(messages, Iterable):
+        raise _message_problem(0, f"messages must be a string or a list of messages, got "
+                                  f"{type(messages).__name__}")
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if isinstance(m, Message):
             out.append(m)
-        elif isinstance(m, dict) and all(isinstance(k, str) for k in m):
-            out.append(Message(role=m["role"], content=m.get("content"), name=m.get("name"),
-                               tool_call_id=m.get("tool_call_id")))
+            continue
+        if isinstance(m, dict) and m and all(isinstance(k, str) for k in m):
+            edn, unknown = message_to_edn(m)
+            if unknown:
+                raise _message_problem(i, f"field(s) {', '.join(map(repr, unknown))} have no equivalent here "
+                                          f"(kept: {', '.join(MESSAGE_FIELDS)})", field=unknown[0])
+        elif isinstance(m, dict):
+            edn = m
         else:
-            out.append(from_edn(m, Message))
+            raise _message_problem(i, f"expected a Message, an EDN message map or an OpenAI-style dict, got "
+                                      f"{type(m).__name__}")
+        msg, problems = structure_located(edn, Message)
+        if msg is None:
+            raise ValidationError([attrs.evolve(p, msg=f"message {i}: {p.msg}") for p in problems])
+        out.append(msg)
     return tuple(out)
 
 
@@ -103,27 +136,34 @@ class Plan:
     http: HttpRequest
     url: str
     base_url: str
+    # The request names a server outside the configured origins: send it without Authorization.
+    key_withheld: bool = False
 
 
 _CONNECT_EVENTS = ("connection.connect_tcp", "connection.connect_unix")
+_SEND_EVENTS = ("http11.send_request_headers.started", "http2.send_request_headers.started")
 _RESPONSE_EVENTS = ("http11.receive_response_headers.complete", "http2.receive_response_headers.complete")
 
 
-class Attempt:
-    """httpx trace hook: did this attempt open a new connection, and did any response byte arrive?"""
+class Attempt(AttemptEvidence):
+    """httpx/httpcore trace hook reporting into the transport-neutral evidence (see `_resend`):
+    a connect event means a new connection; sending headers without one means a reused one;
+    complete response headers mean the server answered. No events: nothing known, no resend."""
 
-    __slots__ = ("new_connection", "got_response")
-
-    def __init__(self) -> None:
-        self.new_connection = False
-        self.got_response = False
+    __slots__ = ()
 
     def __call__(self, name: str, info: Mapping[str, Any]) -> None:
         # Called ~10 times per request: one tuple-prefix test each, cheapest first.
         if name.startswith(_RESPONSE_EVENTS):
-            self.got_response = True
+            self.response_seen = True
+        elif name.startswith(_SEND_EVENTS):
+            if self.reused is None:
+                self.reused = True  # no connect event before the request went out: a pooled connection
+            if self.response_seen is None:
+                self.response_seen = False
         elif name.startswith(_CONNECT_EVENTS):
-            self.new_connection = True
+            if self.reused is None:
+                self.reused = False
 
 
 class AsyncAttempt(Attempt):
@@ -136,15 +176,16 @@ class AsyncAttempt(Attempt):
         Attempt.__call__(self, name, info)
 
 
+# httpx's connection-level failures: what a closed keep-alive connection raises (never a timeout or refusal).
 STALE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 # What a dialect's parser raises on JSON of an unexpected shape (a list where a map belongs ...)
-SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError)
+SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError, OverflowError)
 
 
-def may_resend(exc: BaseException, attempt: Attempt) -> bool:
-    """Resend exactly when a *reused* keep-alive connection failed before any response byte:
-    the server closed it and never read our request. A response (a 429 included) is never resent."""
-    return isinstance(exc, STALE_ERRORS) and not attempt.new_connection and not attempt.got_response
+def may_resend(exc: BaseException, attempt: AttemptEvidence | None) -> bool:
+    """httpx's side of the evidence rule (`_resend.may_resend`): a connection-level failure on a
+    reused keep-alive connection before any response byte, as the trace reported it."""
+    return evidence_allows_resend(connection_failed=isinstance(exc, STALE_ERRORS), evidence=attempt)
 
 
 def transport_error(exc: BaseException, url: str, timeout: httpx.Timeout, partial: str | None = None) -> KotobaError:
@@ -340,9 +381,11 @@ def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream:
 class BaseClient:
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, trusted_origins: Iterable[str] = ()) -> None:
         if backend != "auto" and backend not in BACKENDS:
             raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+        # Origins the key may go to besides the base URL's own (see `_origins`).
+        self.trusted = TrustedOrigins(trusted_origins)
         self.base_url = server_root(base_url or os.environ.get(BASE_URL_ENV) or "http://127.0.0.1:8000")
         self._backend = backend
         self._detected: dict[str, str] = {}
@@ -352,11 +395,49 @@ class BaseClient:
             DEFAULT_TIMEOUT if timeout is None else httpx.Timeout(timeout))
         self.model = model
         self._headers = client_headers(self.__api_key, headers)
+        self._has_key = "authorization" in self._headers  # a caller's own http client may carry one (subclasses)
         self._urls: dict[str, httpx.URL] = {}  # see `_url`
+        self.resends = 0  # requests sent again after a stale keep-alive connection (see `_resend`)
 
     def __repr__(self) -> str:  # the key is never shown
         key = ", api_key=<set>" if self.__api_key else ""
         return f"{type(self).__name__}(base_url={self.base_url!r}, backend={self._backend!r}{key})"
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @base_url.setter
+    def base_url(self, url: str) -> None:
+        self._base_url = url
+        if origin_of(url) is not None:  # the configured server is trusted with the key, always
+            self.trusted.add(url)
+
+    def _key_withheld(self, base: str) -> bool:
+        """True when a key is set and `base` is outside the configured origins."""
+        return self._has_key and not self.trusted.allows(base)
+
+    def _probe_request(self, base: str, path: str) -> httpx.Request:
+        """A detection GET: the key goes along only to a configured origin."""
+        http: httpx.Client | httpx.AsyncClient = self._http  # type: ignore[attr-defined]  # set by the subclass
+        request = http.build_request("GET", base + path, headers=self._headers, timeout=DETECT_TIMEOUT)
+        if self._key_withheld(base):
+            request.headers.pop("authorization", None)
+        return request
+
+    def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:
+        """A 401/403 from a server we withheld the key from says so, and how to trust it."""
+        if plan.key_withheld and isinstance(err, ServerError) and err.status in (401, 403):
+            o = origin_of(plan.base_url)
+            where = show(o) if o is not None else plan.base_url
+            note = (f"the API key was withheld from {where}: it goes only to configured origins "
+                    f"({self.trusted.describe()}); to send it there, trust that origin explicitly "
+                    f"(trusted_origins=[{where!r}], or `run --trust-origin {where}`) or make it a pool member "
+                    f"(:pool/members in the pool file)")
+            err.key_withheld = note
+            err.message = f"{err.message} ({note})"
+            err.args = (err.message,)
+        return err
 
     @property
     def backend(self) -> str:
@@ -392,11 +473,11 @@ class BaseClient:
         dialect = get_dialect(backend)
         http = dialect.render(req)
         base = self._base_for(req)
-        return Plan(req, dialect, http, base + http.path, base)
+        return Plan(req, dialect, http, base + http.path, base, self._key_withheld(base))
 
     def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:
         if status >= 400:
-            raise classify_error(status, raw, headers, plan.url)
+            raise self._explain_withheld(classify_error(status, raw, headers, plan.url), plan)
         obj = decode_json(raw)
         if obj is None:
             raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)

@@ -21,12 +21,12 @@ from ._edn import Edn, EdnMap
 from ._errors import KotobaError, ProtocolError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
                      ModelsResponse, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
+from ._resend import MAX_RESENDS
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
 from ._wire import Answer, AsyncWire, HttpxWire, default_wire
 
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
-MAX_RESENDS = 4  # bounded by stale pooled connections; a fresh one is never resent
 
 
 def _limits() -> httpx.Limits:
@@ -167,13 +167,16 @@ class Client(BaseClient):
 
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
-                 model: str | None = None, verify: bool = True, http_client: httpx.Client | None = None) -> None:
-        super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+                 model: str | None = None, verify: bool = True, http_client: httpx.Client | None = None,
+                 trusted_origins: Iterable[str] = ()) -> None:
+        super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
+                         trusted_origins=trusted_origins)
         # Our own httpx client carries our headers (merging them per request costs more than the rest of
         # building it); a caller's client gets them on every request.
         self._http = http_client or httpx.Client(timeout=self.timeout, verify=verify, limits=_limits(),
                                                  headers=self._headers)
         self._request_headers = self._headers if http_client is not None else None
+        self._has_key = self._has_key or "authorization" in self._http.headers
 
     # ------------------------------------------------------------ lifecycle
 
@@ -195,10 +198,13 @@ class Client(BaseClient):
             request = self._http.build_request(http.method, self._url(plan.url), json=http.body,
                                                headers=self._request_headers, timeout=timeout,
                                                extensions={"trace": attempt})
+            if plan.key_withheld:  # another origin than the ones configured: it never sees the key
+                request.headers.pop("authorization", None)
             try:
                 return self._http.send(request, stream=stream)
             except httpx.HTTPError as e:
                 if may_resend(e, attempt):
+                    self.resends += 1
                     continue
                 raise transport_error(e, plan.url, timeout) from e
         raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
@@ -213,7 +219,7 @@ class Client(BaseClient):
         found = "openai"
         for path, _ in DETECTION_PROBES:
             try:
-                r = self._http.get(base + path, headers=self._headers, timeout=DETECT_TIMEOUT)
+                r = self._http.send(self._probe_request(base, path))
             except httpx.HTTPError as e:
                 if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                     raise transport_error(e, base + path, DETECT_TIMEOUT) from e
@@ -269,7 +275,7 @@ class Client(BaseClient):
                 raise transport_error(e, plan.url, timeout) from e
             finally:
                 r.close()
-            raise classify_error(r.status_code, raw, r.headers, plan.url)
+            raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)
         return Stream(self, plan, r, sent, timeout)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
@@ -331,12 +337,14 @@ class AsyncClient(BaseClient):
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, verify: bool = True,
-                 http_client: httpx.AsyncClient | None = None) -> None:
-        super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+                 http_client: httpx.AsyncClient | None = None, trusted_origins: Iterable[str] = ()) -> None:
+        super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
+                         trusted_origins=trusted_origins)
         # A caller's httpx client is used as it is (our headers go on each request); by default the
         # measured fastest wire (aiohttp), carrying our headers itself.
         self._wire: AsyncWire = (HttpxWire(http_client, self._headers) if http_client is not None
                                  else default_wire(self._headers, self.timeout, verify, _limits()))
+        self._has_key = self._has_key or (http_client is not None and "authorization" in http_client.headers)
 
     @property
     def transport(self) -> str:
@@ -363,9 +371,10 @@ class AsyncClient(BaseClient):
             attempt = AsyncAttempt()
             try:
                 return await self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
-                                             attempt=attempt)
+                                             attempt=attempt, withhold_key=plan.key_withheld)
             except httpx.HTTPError as e:
                 if may_resend(e, attempt):
+                    self.resends += 1
                     continue
                 raise transport_error(e, plan.url, timeout) from e
         raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
@@ -379,7 +388,8 @@ class AsyncClient(BaseClient):
         found = "openai"
         for path, _ in DETECTION_PROBES:
             try:
-                r = await self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT)
+                r = await self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT,
+                                          withhold_key=self._key_withheld(base))
             except httpx.HTTPError as e:
                 if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                     raise transport_error(e, base + path, DETECT_TIMEOUT) from e
@@ -429,7 +439,7 @@ class AsyncClient(BaseClient):
                 raise transport_error(e, plan.url, timeout) from e
             finally:
                 await r.aclose()
-            raise classify_error(r.status_code, raw, r.headers, plan.url)
+            raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)
         return AsyncStream(self, plan, r, sent, timeout)
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,

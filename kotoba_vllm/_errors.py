@@ -21,7 +21,9 @@
     ├── CassetteError            a cassette file without the cassette shape (file and key)  (also a ValueError)
     ├── PromptError              a bench prompt file that is not prompts                    (also a ValueError)
     ├── Unparsable               a capacity endpoint answered with something unreadable     (also a ValueError)
-    └── LocalServerError         a local llama.cpp binary is missing or failed to start     (also a RuntimeError)
+    │   └── BadNumber            ... or with a figure no server can mean (NaN, ±Inf, negative, huge)
+    ├── LocalServerError         a local llama.cpp binary is missing or failed to start     (also a RuntimeError)
+    └── InternalError            an exception nobody typed (a bug): its type and message kept
 
 The second bases keep `except ValueError` callers working. Admission answers are never retried
 by the client: one call, one HTTP request.
@@ -32,6 +34,7 @@ This module sits below the EDN reader (which raises `EdnError`): it names keywor
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Mapping
 
 from ._keywords import Keyword, keyword_or_string, kw
@@ -45,16 +48,37 @@ REDACTED = "<redacted>"
 _SECRETS: set[str] = set()
 
 
+# Free text is searched for a registered key only from this length on: a shorter one would
+# blank out ordinary words. Authorization values are redacted whatever their length (below).
+MIN_SECRET_LEN = 8
+# An Authorization header quoted back (`authorization: Basic x`, `"Authorization": "Bearer x"`)
+# and any bearer token: the credential is replaced, the scheme kept.
+_AUTH_VALUE = re.compile(r"""(?i)(\bauthorization\b["']?\s*[:=]\s*["']?)(?:(bearer|basic|token)\s+)?[^"'\r\n,;}\]]+""")
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s\"',;}\]]+")
+
+
 def register_secret(value: str | None) -> None:
     """Never show `value` in an error: a client registers its API key, because a careless
     server or proxy may quote the Authorization header back in its error body."""
-    if value and len(value) >= 8:
+    if value and len(value) >= MIN_SECRET_LEN:
         _SECRETS.add(value)
 
 
+def _auth_value(m: "re.Match[str]") -> str:
+    return m.group(1) + (m.group(2) + " " if m.group(2) else "") + REDACTED
+
+
+def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Headers fit to show: Authorization (and Proxy-Authorization) values redacted, any length."""
+    return {k: (REDACTED if k.lower() in ("authorization", "proxy-authorization") else v) for k, v in headers.items()}
+
+
 def redact(text: str | None) -> str | None:
-    if text is None or not _SECRETS:
+    if not text:
         return text
+    if "uthorization" in text or "UTHORIZATION" in text or "earer" in text or "EARER" in text:
+        text = _AUTH_VALUE.sub(_auth_value, text)
+        text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     for secret in _SECRETS:
         if secret in text:
             text = text.replace(secret, REDACTED)
@@ -163,11 +187,12 @@ class ServerError(KotobaError):
         self.raw_body = _clip(raw_body)
         self.details: dict[Keyword | str, Edn] = dict(details or {})
         self.partial_text = partial_text
+        self.key_withheld: str | None = None  # why the API key was not sent to this server, when it was not
 
     def _fields(self) -> dict[str, Edn]:
         return {"vllm/status": self.status, "vllm/error-type": self.error_type,
                 "vllm/details": self.details or None, "vllm/raw-body": self.raw_body,
-                "vllm/partial-text": self.partial_text}
+                "vllm/partial-text": self.partial_text, "vllm/key-withheld": self.key_withheld}
 
 
 class AdmissionRejected(ServerError):
@@ -273,13 +298,47 @@ class Unparsable(KotobaError, ValueError):
     kind = "unparsable"
 
 
+class BadNumber(Unparsable):
+    """A figure no server can mean (NaN, infinite, negative, absurdly large): the member's whole
+    reading is untrustworthy, so it is unmeasured, never read as a number."""
+
+    kind = "bad-number"
+
+
 class LocalServerError(KotobaError, RuntimeError):
     """A local llama.cpp binary is missing, or a server failed to start."""
 
     kind = "local-server"
 
 
+class InternalError(KotobaError):
+    """An exception that is not a `KotobaError` (a bug here or in a caller's hook), or a cancelled
+    request: recorded with the exception's type and message instead of being lost."""
+
+    kind = "internal"
+
+    def __init__(self, message: str, *, exception_type: str, endpoint: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint)
+        self.exception_type = exception_type
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, endpoint: str | None = None,
+                       during: str | None = None) -> "InternalError":
+        t = type(exc)
+        name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+        try:
+            detail = str(exc)
+        except Exception:  # an exception whose __str__ fails still gets its record
+            detail = ""
+        where = f" {during}" if during else ""
+        return cls(f"{name}{where}: {detail}" if detail else f"{name}{where}", exception_type=name,
+                   endpoint=endpoint)
+
+    def _fields(self) -> dict[str, Edn]:
+        return {"vllm/exception-type": self.exception_type}
+
+
 ALL_ERRORS = (KotobaError, ValidationError, TransportError, Unreachable, RequestTimeout, StreamBroken,
               ServerError, AdmissionRejected, NotReady, BadRequest, ServerFailure, ProtocolError,
               EdnError, EdnWriteError, StructureError, ConfigError, CassetteError, PromptError, Unparsable,
-              LocalServerError)
+              BadNumber, LocalServerError, InternalError)

@@ -4,6 +4,7 @@ server is silent, `:unavailable` (nil numbers) where neither knows. Never
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import attrs
@@ -44,9 +45,13 @@ class ClientClock:
 
 
 def _rate(n: int | None, ms: float | None) -> float | None:
-    if n is None or ms is None or ms <= 0:
+    if n is None or ms is None or not ms > 0:
         return None
-    return round(n * 1000.0 / ms, 3)
+    try:
+        rate = n * 1000.0 / ms
+    except OverflowError:
+        return None
+    return round(rate, 3) if math.isfinite(rate) else None
 
 
 def _fig(provenance: str, tokens: int | None = None, ms: float | None = None,
@@ -57,17 +62,38 @@ def _fig(provenance: str, tokens: int | None = None, ms: float | None = None,
                   tokens_per_s=rate, gaps_ms=gaps)
 
 
+# Past these a server figure is garbage, not a measurement (and a float could not hold it exactly).
+MAX_TOKENS = 2**53
+MAX_FIGURE = 1e15
+
+
+def server_count(v: Any) -> int | None:
+    """A token count a server reported: a whole number in range, else unknown (None)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        return None
+    return int(v) if 0 <= v <= MAX_TOKENS else None
+
+
+def server_figure(v: Any) -> float | None:
+    """A duration or rate a server reported: finite, non-negative and plausible, else unknown (None)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) and 0 <= x <= MAX_FIGURE else None
+
+
 def llamacpp_server_timings(t: Any) -> ServerTimings | None:
     """llama.cpp's `timings` object (`prompt_n`, `prompt_ms`, `predicted_n`, `predicted_ms`, `cache_n`)."""
     if not isinstance(t, dict):
         return None
-
-    def num(k: str) -> Any:
-        v = t.get(k)
-        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    return ServerTimings(prompt_n=num("prompt_n"), prompt_ms=num("prompt_ms"), predicted_n=num("predicted_n"),
-                         predicted_ms=num("predicted_ms"), cached_n=num("cache_n"))
+    return ServerTimings(prompt_n=server_count(t.get("prompt_n")), prompt_ms=server_figure(t.get("prompt_ms")),
+                         predicted_n=server_count(t.get("predicted_n")),
+                         predicted_ms=server_figure(t.get("predicted_ms")), cached_n=server_count(t.get("cache_n")))
 
 
 def sglang_server_timings(meta: Any) -> ServerTimings | None:
@@ -80,22 +106,19 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
     if not isinstance(meta, dict):
         return None
 
-    def num(k: str) -> Any:
-        v = meta.get(k)
-        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
     def ms(k: str) -> float | None:
-        v = num(k)
-        return v * 1000.0 if v is not None and v >= 0 else None
+        v = server_figure(meta.get(k))
+        return v * 1000.0 if v is not None else None
 
-    prompt, cached = num("prompt_tokens"), num("cached_tokens")
-    computed = prompt - cached if prompt is not None and cached is not None else prompt
-    entered, prefilled = num("forward_entry_time"), num("prefill_finished_time")
+    prompt, cached = server_count(meta.get("prompt_tokens")), server_count(meta.get("cached_tokens"))
+    computed = prompt - cached if prompt is not None and cached is not None and cached <= prompt else prompt
+    entered = server_figure(meta.get("forward_entry_time"))
+    prefilled = server_figure(meta.get("prefill_finished_time"))
     prefill_ms = (prefilled - entered) * 1000.0 if entered and prefilled and prefilled >= entered else None
-    rate = num("decode_throughput")
+    rate = server_figure(meta.get("decode_throughput"))
     return ServerTimings(prompt_n=computed, prompt_ms=prefill_ms, prompt_ms_is_batch=prefill_ms is not None,
-                         predicted_n=num("completion_tokens"), cached_n=cached,
-                         predicted_per_s=rate if rate is not None and rate > 0 else None,
+                         predicted_n=server_count(meta.get("completion_tokens")), cached_n=cached,
+                         predicted_per_s=rate if rate else None,
                          queue_ms=ms("queue_time"), ttft_ms=ms("first_token_latency"), e2e_ms=ms("e2e_latency"))
 
 
@@ -105,7 +128,8 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     # prefix (llama.cpp's `prompt_n` already excludes it).
     prompt_n = s.prompt_n
     if prompt_n is None and usage is not None and usage.prompt_tokens is not None:
-        prompt_n = usage.prompt_tokens - (usage.cached_tokens or 0)
+        computed = usage.prompt_tokens - (usage.cached_tokens or 0)
+        prompt_n = computed if computed >= 0 else None  # more cached than prompted: the counts disagree
     completion_n = s.predicted_n if s.predicted_n is not None else (usage.completion_tokens if usage else None)
 
     if s.prompt_ms is not None:
@@ -120,6 +144,7 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     elif s.predicted_per_s is not None:
         # The engine's rate covers the tokens after the first: its span follows from it.
         span = (completion_n - 1) * 1000.0 / s.predicted_per_s if completion_n is not None and completion_n > 1 else None
+        span = span if span is not None and math.isfinite(span) else None  # a vanishing rate gives no span
         decode = _fig(SERVER, completion_n, span, round(s.predicted_per_s, 3))
     elif clock and clock.first_token is not None and clock.last_token is not None \
             and clock.last_token > clock.first_token:  # one chunk: no span was measured, not a zero one

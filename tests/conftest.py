@@ -17,20 +17,17 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 REQUIRE_LIVE = os.environ.get("KOTOBA_VLLM_REQUIRE_LIVE") == "1"
 
+# The honest-live-tier hooks (a live skip fails under REQUIRE_LIVE; slow profiles are deselected).
+from _live import (pytest_collection_modifyitems, pytest_collectreport,  # noqa: E402,F401
+                   pytest_runtest_makereport, unavailable)
+
 
 def _start(**kwargs: object):  # type: ignore[no-untyped-def]
-    try:
-        from kotoba_vllm.local import LlamaServer, LocalServerError
-    except ImportError as e:  # pragma: no cover - extra not installed
-        if REQUIRE_LIVE:
-            raise
-        pytest.skip(f"local extra not installed: {e}")
+    from kotoba_vllm.local import LlamaServer, LocalServerError
     try:
         return LlamaServer(**kwargs).start()  # type: ignore[arg-type]
     except LocalServerError as e:
-        if REQUIRE_LIVE:
-            raise
-        pytest.skip(f"no llama-server here: {e}")
+        unavailable(f"no llama-server here: {e}")
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pydantic
 import pytest
 from openai.types.chat import ChatCompletion
 
+from _live import unavailable
 from kotoba_vllm._client import AsyncClient
 from kotoba_vllm._edn import kw, read_all
 from kotoba_vllm.batch import BatchEntry, BatchRunner, OrderedSink, Recorder, iter_entries
@@ -53,9 +53,7 @@ def _server(**kw_: Any) -> Any:
         # One thread: with two, a loaded 2-core machine spins them (~670 ms vs ~2 ms a request).
         return LlamaServer(n_ctx=2048, parallel=2, threads=1, **kw_).start()
     except LocalServerError as e:
-        if os.environ.get("KOTOBA_VLLM_REQUIRE_LIVE") == "1":
-            raise
-        pytest.skip(f"no llama-server here: {e}")
+        unavailable(f"no llama-server here: {e}")
 
 
 def test_thousand_requests_with_invalid_ones_and_a_server_restart_mid_run(tmp_path: Path) -> None:

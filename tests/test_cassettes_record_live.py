@@ -5,16 +5,15 @@ the fresh recording replays green through both clients."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _live import unavailable
 from kotoba_vllm.cassettes import DEFAULT_ROOT, load_cassettes, read_cassette
 
-REQUIRE_LIVE = os.environ.get("KOTOBA_VLLM_REQUIRE_LIVE") == "1"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -28,13 +27,14 @@ def _have_server() -> bool:
     return True
 
 
-pytestmark = [pytest.mark.live,
-              pytest.mark.skipif(not _have_server() and not REQUIRE_LIVE, reason="no llama-server here")]
+pytestmark = pytest.mark.live
 
 
 @pytest.fixture(scope="module")
 def rerecorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The one documented command, run for real into a scratch directory."""
+    if not _have_server():
+        unavailable("no llama-server here")
     out = tmp_path_factory.mktemp("rec") / "llamacpp"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "record-llamacpp"), str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)

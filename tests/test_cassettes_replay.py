@@ -283,7 +283,7 @@ GAUGES = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vl
 def test_probe_cassettes_give_a_measured_capacity_answer(engine: str) -> None:
     """The recorded /slots and the derived /metrics texts, through `kotoba_vllm.capacity`: a measured,
     enforced verdict whose numbers are the ones in the bytes (read here with json / prometheus_client)."""
-    capacity = pytest.importorskip("kotoba_vllm.capacity")
+    from kotoba_vllm import capacity
     probes = {c.path: c for c in load_cassettes(engine) if c.op == "probe"}
     got = {p: capacity.Fetched(p, status=probes[p].status, body=cassette_body(probes[p]), ms=1.0) if p in probes
            else capacity.Fetched(p, status=404, body=b'{"detail":"Not Found"}', ms=1.0)

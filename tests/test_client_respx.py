@@ -19,8 +19,9 @@ import pytest
 import respx
 
 from kotoba_vllm import (AdmissionRejected, AsyncClient, BadRequest, Client, NotReady, ProtocolError,
-                         RequestTimeout, StreamBroken, Unreachable, ValidationError)
+                         RequestTimeout, StreamBroken, TransportError, Unreachable, ValidationError)
 from kotoba_vllm._base_client import Attempt, may_resend
+from kotoba_vllm._resend import AttemptEvidence
 from kotoba_vllm._edn import dumps, kw, read_all, read_one
 from kotoba_vllm._errors import KotobaError
 
@@ -531,6 +532,30 @@ def test_may_resend_only_for_a_reused_connection_before_any_response_byte() -> N
     # timeouts and refusals are not stale connections
     assert may_resend(httpx.ReadTimeout("slow"), reused_no_reply) is False
     assert may_resend(httpx.ConnectError("refused"), reused_no_reply) is False
+    # no trace events: nothing is known, and unknown never resends
+    assert may_resend(stale, _attempt()) is False
+    assert may_resend(stale, None) is False
+    # a reused connection but no word on the response (the transport did not say): no resend
+    half = AttemptEvidence()
+    half.connection(reused=True)
+    assert may_resend(stale, half) is False
+
+
+def test_a_transport_reports_evidence_through_the_neutral_interface() -> None:
+    from kotoba_vllm._resend import may_resend as rule
+    ev = AttemptEvidence()
+    assert not rule(connection_failed=True, evidence=ev)  # nothing reported
+    ev.connection(reused=True)
+    ev.awaiting_response()
+    assert rule(connection_failed=True, evidence=ev)
+    assert not rule(connection_failed=False, evidence=ev)  # a timeout, a refusal, an HTTP answer
+    ev.response_started()
+    assert not rule(connection_failed=True, evidence=ev)  # the server answered: never again
+    fresh = AttemptEvidence()
+    fresh.connection(reused=False)
+    fresh.connection(reused=True)  # the first connection of the attempt is the one that counts
+    fresh.awaiting_response()
+    assert not rule(connection_failed=True, evidence=fresh)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -544,16 +569,16 @@ def test_a_429_is_a_response_and_never_resent(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_stale_pooled_connection_is_resent_once_and_succeeds(mode: str) -> None:
-    # respx does not emit connection trace events: the failure looks like a reused connection
-    # that died before any response byte, which is exactly the resend case.
+def test_a_transport_without_evidence_makes_exactly_one_request(mode: str) -> None:
+    # respx emits no connection trace events: nothing says the connection was a reused one,
+    # so the failure is reported, never resent (the resend rule needs positive evidence).
     with respx.mock() as m:
         route = m.post(CHAT_URL).mock(side_effect=[
             httpx.RemoteProtocolError("Server disconnected without sending a response."),
             httpx.Response(200, json=answer("again"))])
-        r = send(mode)
-        assert route.call_count == 2
-    assert r.text == "again"
+        with pytest.raises(TransportError):
+            send(mode)
+        assert route.call_count == 1
 
 
 # ------------------------------------------------------------------ API key

@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from _live import unavailable
 from kotoba_vllm._edn import kw
 from kotoba_vllm.distributed import emit, plan, spec_from_edn
 
@@ -21,11 +22,11 @@ SAMPLING = {"temperature": 0.0, "max_tokens": 8, "seed": 7}
 
 
 def _binaries() -> dict[str, str]:
-    local = pytest.importorskip("kotoba_vllm.local")
+    from kotoba_vllm import local
     try:
         return {"llama-server": local.llama_server_binary(), "rpc-server": local.rpc_server_binary()}
     except Exception as e:  # not built, or built without RPC
-        pytest.skip(f"llama.cpp with RPC not available: {e}")
+        unavailable(f"llama.cpp with RPC not available: {e}")
 
 
 def _wait_tcp(port: int, procs: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 import kotoba_vllm
 from kotoba_vllm import (CassetteError, Client, ConfigError, EdnError, EdnWriteError, KotobaError, Pool, PromptError,
-                         StructureError, ValidationError, _errors, dumps, kw, read_forms)
+                         ValidationError, _errors, dumps, kw, read_forms)
 from kotoba_vllm.bench._prompts import load_prompts
 from kotoba_vllm.cassettes import cassette_from_edn
 from kotoba_vllm.pool import pool_config_from_edn
@@ -22,7 +22,7 @@ def test_a_message_that_is_not_a_message_is_a_kotoba_error() -> None:
     with Client(URL, backend="llamacpp") as c:
         with pytest.raises(KotobaError) as e:
             c.chat([42])
-    assert isinstance(e.value, StructureError)
+    assert isinstance(e.value, ValidationError)  # refused like a bad EDN message: nothing was sent
     assert "Message" in str(e.value) or "map" in str(e.value)
 
 

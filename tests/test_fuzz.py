@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _live import long_selected
 from _strategies import edn_values, json_like, request_maps
 from faultserver import FaultServer
 from kotoba_vllm import _errors as E
@@ -41,23 +42,16 @@ TRIED: collections.Counter[str] = collections.Counter()
 BUDGET = {
     "edn-random-text": 4500, "edn-mutated-text": 2000, "edn-random-bytes": 300, "request-maps": 1200,
     "typed-render": 250, "response-parse": 800, "stream-chunks": 600, "capacity": 600, "plan": 400,
-    "cli-run": 25,
+    "cli-run": 25, "timings": 400,
 }
 
 
-def _long_wanted(config: pytest.Config) -> bool:
-    expr = config.getoption("markexpr") or ""
-    return os.environ.get("KOTOBA_VLLM_FUZZ") == "long" or ("slow" in expr and "not slow" not in expr)
-
-
 def fuzz(name: str, strategy: st.SearchStrategy[Any]) -> Callable[[Callable[[Any], None]], Any]:
-    """A default-profile test and a long-profile twin (marked slow, skipped unless asked for)."""
+    """A default-profile test and a long-profile twin (marked slow: deselected unless asked for)."""
 
     def deco(fn: Callable[[Any], None]) -> Any:
         @pytest.mark.parametrize("profile", ["default", pytest.param("long", marks=pytest.mark.slow)])
         def test(profile: str, request: pytest.FixtureRequest) -> None:
-            if profile == "long" and not _long_wanted(request.config):
-                pytest.skip("long fuzz profile: KOTOBA_VLLM_FUZZ=long or -m slow")
             n = BUDGET[name] * (LONG_FACTOR if profile == "long" else 1)
 
             @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck))
@@ -322,7 +316,11 @@ def test_valid_requests_render_for_every_engine(m: Any) -> None:
 
 # ------------------------------------------------------------------ responses -> parsers (no server needed)
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+# Numbers no server should send but some do: Python's json reads NaN/Infinity, and a huge or negative
+# count must never reach int() or a rate unchecked.
+BAD_NUMBERS = st.sampled_from([math.nan, math.inf, -math.inf, -1, -1.5, 10**30, -10**30, 1e308, 2**64])
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+                           | BAD_NUMBERS,
                            lambda c: st.lists(c, max_size=3) | st.dictionaries(
                                st.sampled_from(["choices", "message", "delta", "content", "text", "index", "usage",
                                                 "finish_reason", "error", "tool_calls", "function", "timings",
@@ -394,6 +392,13 @@ PROM_LINES = st.sampled_from([
     'vllm:num_requests_waiting{model_name="m"} 3', "vllm:kv_cache_usage_perc 0.5", "sglang:num_running_reqs 1",
     "sglang:num_queue_reqs 0", "sglang:token_usage 0.1", "# TYPE x gauge", "# HELP x y", "x{a=\"b\" 1", "garbage",
     "vllm:num_requests_running NaN", "vllm:num_requests_running{tp_rank=\"1\"} 4", ""])
+# Every gauge a verdict reads, with every value no server can mean (the NaN gauge that crashed `capacity`).
+GAUGE_NAMES = ["llamacpp:requests_processing", "llamacpp:requests_deferred", "vllm:num_requests_running",
+               "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "sglang:num_running_reqs",
+               "sglang:num_queue_reqs", "sglang:token_usage"]
+BAD_GAUGES = st.builds(lambda n, v: f"{n} {v}", st.sampled_from(GAUGE_NAMES),
+                       st.sampled_from(["NaN", "+Inf", "-Inf", "-1", "1e308", "0", "1", "2"]))
+PROM_LINES = PROM_LINES | BAD_GAUGES
 prom_text = st.lists(PROM_LINES | st.text(max_size=12), max_size=6).map(lambda ls: "\n".join(ls).encode())
 probe_bodies = st.one_of(prom_text, json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=30),
                          st.lists(st.fixed_dictionaries({}, optional={"is_processing": st.booleans() | json_values}),
@@ -420,6 +425,52 @@ def test_capacity_answers_from_any_probe(case: tuple[str | None, list[Any]]) -> 
     pool = capacity.merge_pool_capacity([answer], at="t")
     capacity.demote_busy_endpoints(["http://127.0.0.1:9", "http://127.0.0.1:10"], [answer])
     dumps(pool.to_edn())
+    assert_sane_numbers(edn)
+
+
+def assert_sane_numbers(v: Any, where: str = "") -> None:
+    """Every number we derived from a server is finite and non-negative."""
+    if isinstance(v, bool) or v is None:
+        return
+    if isinstance(v, (int, float)):
+        assert math.isfinite(v) and v >= 0, f"{where} = {v}"
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            assert_sane_numbers(x, f"{where} {k}")
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            assert_sane_numbers(x, where)
+
+
+from kotoba_vllm._model import Usage, to_edn  # noqa: E402
+from kotoba_vllm._timings import ClientClock, build_timings, llamacpp_server_timings, sglang_server_timings  # noqa: E402
+
+TIMING_KEYS = ["prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n", "prompt_tokens",
+               "completion_tokens", "cached_tokens", "prefill_launch_latency", "decode_throughput"]
+timing_objects = st.dictionaries(st.sampled_from(TIMING_KEYS), json_values | BAD_NUMBERS, max_size=6)
+usages = st.none() | st.builds(Usage, prompt_tokens=st.none() | st.integers(0, 10**6),
+                               completion_tokens=st.none() | st.integers(0, 10**6),
+                               cached_tokens=st.none() | st.integers(0, 10**6))
+
+
+@fuzz("timings", st.tuples(timing_objects, st.sampled_from(["llamacpp", "sglang"]), usages))
+def test_timings_from_any_server_numbers(case: tuple[dict[str, Any], str, Any]) -> None:
+    obj, engine, usage = case
+    parse = llamacpp_server_timings if engine == "llamacpp" else sglang_server_timings
+    timings = build_timings(parse(obj), usage, ClientClock(sent=0.0, first_token=0.1, last_token=0.3, done=0.4,
+                                                          token_times=(0.1, 0.2, 0.3)))
+    edn = to_edn(timings)
+    dumps(edn)
+    json.dumps(_plain(edn), allow_nan=False)  # the batch JSONL writer refuses NaN: none may get there
+    assert_sane_numbers(edn)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
 
 
 from kotoba_vllm import distributed as dist  # noqa: E402
@@ -461,7 +512,7 @@ def test_cli_run_on_fuzzed_files(canned: FaultServer, request: pytest.FixtureReq
     from kotoba_vllm._edn import read_all
     from kotoba_vllm.cli import main
 
-    n = BUDGET["cli-run"] * (LONG_FACTOR if _long_wanted(request.config) else 1)
+    n = BUDGET["cli-run"] * (LONG_FACTOR if long_selected(request.config) else 1)
     path = tmp_path / "req.edn"
 
     @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck))

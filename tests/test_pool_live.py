@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from _live import unavailable
 from kotoba_vllm import AdmissionRejected, ChatRequest, Message, Sampling, kw, read_forms
 from kotoba_vllm.capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, probe_pool
 from kotoba_vllm.capacity._parse import metric_sums
@@ -30,10 +31,7 @@ pytestmark = pytest.mark.live
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    try:
-        from kotoba_vllm.local import LlamaServer, LocalServerError, write_tiny_gguf
-    except ImportError as e:  # pragma: no cover
-        pytest.skip(f"local extra not installed: {e}")
+    from kotoba_vllm.local import LlamaServer, LocalServerError, write_tiny_gguf
     model = write_tiny_gguf(tmp_path_factory.mktemp("capacity") / "slow-tiny.gguf", n_embd=384, n_layer=6,
                             n_head=8, n_head_kv=4, n_ff=1152)
     started: list[Any] = []
@@ -43,10 +41,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     except LocalServerError as e:
         for s in started:
             s.stop()
-        import os
-        if os.environ.get("KOTOBA_VLLM_REQUIRE_LIVE") == "1":
-            raise
-        pytest.skip(f"no llama-server here: {e}")
+        unavailable(f"no llama-server here: {e}")
     yield started[0].base_url, started[1].base_url
     for s in started:
         s.stop()

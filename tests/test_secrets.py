@@ -189,7 +189,6 @@ def test_cli_run_never_prints_the_key(how: str, server: FaultServer, tmp_path: p
 def test_bench_report_never_holds_the_key(server: FaultServer, tmp_path: pathlib.Path,
                                           capsys: pytest.CaptureFixture[str], logs: pytest.LogCaptureFixture,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("kotoba_vllm.cli.bench")
     monkeypatch.setenv(API_KEY_ENV, KEY)  # bench's clients take the key from the environment
     ch = Channels()
     report = tmp_path / "bench.edn"

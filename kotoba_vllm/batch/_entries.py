@@ -6,6 +6,7 @@ import sys
 from typing import IO, Iterator
 
 from .._edn import EdnError, Form
+from .._errors import InternalError
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
 from .._validate import request_problems
@@ -36,9 +37,13 @@ def syntax_entry(index: int, err: EdnError) -> BatchEntry:
 
 def entry_from_form(index: int, f: Form) -> BatchEntry:
     """One read EDN form as a request entry, its problems located in the form's text."""
-    req, problems = request_from_edn(f.value, f)
-    if req is not None:  # engine-independent checks now, so their problems name the key's line
-        problems = problems + locate_problems(request_problems(req), f)
+    try:
+        req, problems = request_from_edn(f.value, f)
+        if req is not None:  # engine-independent checks now, so their problems name the key's line
+            problems = problems + locate_problems(request_problems(req), f)
+    except Exception as exc:  # a reader bug costs this form its request, never the run its records
+        msg = InternalError.from_exception(exc, during="while reading this request").message
+        return BatchEntry(index, f.where, None, (Problem("error", "request/internal", msg, where=f.where),))
     return BatchEntry(index, f.where, req, tuple(problems))
 
 

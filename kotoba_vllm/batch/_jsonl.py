@@ -25,8 +25,9 @@ import attrs
 
 from .._codec import edn_to_json
 from .._edn import Keyword, kw
-from .._errors import KotobaError, ServerError
+from .._errors import InternalError, KotobaError, ServerError
 from .._model import EmbeddingResponse, Response, to_edn
+from .._openai_messages import message_to_edn
 from .._problems import Problem
 from .._requests import request_from_edn
 from .._sampling import SAMPLING_TABLE
@@ -49,9 +50,6 @@ _TOP: dict[str, dict[str, str]] = {
 }
 # Wire fields that carry nothing to send; accepted and dropped on purpose.
 _IGNORED = {"stream_options", "user"}
-_MESSAGE_FIELDS = {"role": "vllm/role", "content": "vllm/content", "name": "vllm/name",
-                   "tool_call_id": "vllm/tool-call-id", "tool_calls": "vllm/tool-calls",
-                   "reasoning_content": "vllm/reasoning-content"}
 
 
 def _problem(code: str, msg: str, where: str, field: str | None = None) -> Problem:
@@ -61,39 +59,11 @@ def _problem(code: str, msg: str, where: str, field: str | None = None) -> Probl
 def _message(m: Any, i: int, where: str, problems: list[Problem]) -> Any:
     if not isinstance(m, dict):
         return m  # the request reader reports the type
-    out: dict[Keyword, Any] = {}
-    for k, v in m.items():
-        key = _MESSAGE_FIELDS.get(k)
-        if key is None:
-            problems.append(_problem("batch/unknown-field", f"messages[{i}] field {k!r} has no EDN equivalent",
-                                     where, field=f"body/{k}"))
-            continue
-        if k == "role" and isinstance(v, str):
-            v = kw(v)
-        elif k == "content" and isinstance(v, list):
-            v = [_part(p) for p in v]
-        elif k == "tool_calls" and isinstance(v, list):
-            v = [{kw("vllm/id"): t.get("id"), kw("vllm/type"): kw(t.get("type") or "function"),
-                  kw("vllm/name"): (t.get("function") or {}).get("name"),
-                  kw("vllm/arguments"): (t.get("function") or {}).get("arguments")} if isinstance(t, dict) else t
-                 for t in v]
-        out[kw(key)] = v
+    out, unknown = message_to_edn(m)
+    for k in unknown:
+        problems.append(_problem("batch/unknown-field", f"messages[{i}] field {k!r} has no EDN equivalent",
+                                 where, field=f"body/{k}"))
     return out
-
-
-def _part(p: Any) -> Any:
-    if not isinstance(p, dict):
-        return p
-    t = p.get("type")
-    if t == "text":
-        return {kw("vllm/type"): kw("text"), kw("vllm/text"): p.get("text")}
-    if isinstance(t, str) and isinstance(p.get(t), dict):
-        inner = p[t]
-        out = {kw("vllm/type"): kw(t.replace("_", "-")), kw("vllm/url"): inner.get("url")}
-        if inner.get("detail") is not None:
-            out[kw("vllm/detail")] = inner["detail"]
-        return out
-    return {kw("vllm/type"): kw(str(t))}
 
 
 def body_to_edn(body: dict[str, Any], endpoint: str, where: str) -> tuple[dict[Keyword, Any], list[Problem]]:
@@ -161,7 +131,7 @@ def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry
     if obj.get("method", "POST") != "POST":
         problems.append(_problem("batch/method", f"method must be POST, got {obj.get('method')!r}", where,
                                  field="batch/method"))
-    url = obj.get("url")
+    base_url, url = _split_url(obj.get("url"))
     endpoint = URL_ENDPOINTS.get(url) if isinstance(url, str) else None
     if endpoint is None:
         problems.append(_problem("batch/url", f"url {url!r} is not one of {', '.join(URL_ENDPOINTS)}", where,
@@ -175,9 +145,20 @@ def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry
     problems.extend(body_problems)
     if cid is not None:
         m[kw("vllm/request-id")] = cid
+    if base_url is not None:  # an absolute url names its server, like :vllm/base-url (sent without the key)
+        m[kw("vllm/base-url")] = base_url
     req, req_problems = request_from_edn(m)
     problems.extend(attrs_where(p, where) for p in req_problems)
     return BatchEntry(index, where, req, tuple(problems), cid)
+
+
+def _split_url(url: Any) -> tuple[str | None, Any]:
+    """An absolute `url` ("http://host:port/v1/chat/completions") -> (its server, the route)."""
+    if isinstance(url, str) and "://" in url:
+        for route in URL_ENDPOINTS:
+            if url.endswith(route) and len(url) > len(route):
+                return url[:-len(route)], route
+    return None, url
 
 
 def attrs_where(p: Problem, where: str) -> Problem:
@@ -190,7 +171,13 @@ def iter_jsonl_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
     for lineno, line in enumerate(fh, 1):
         if not line.strip():
             continue
-        yield line_to_entry(index, line, source, lineno)
+        try:
+            entry = line_to_entry(index, line, source, lineno)
+        except Exception as exc:  # a reader bug costs this line its request, never the run its records
+            where = f"{source}:{lineno}:1"
+            msg = InternalError.from_exception(exc, during="while reading this line").message
+            entry = BatchEntry(index, where, None, (_problem("batch/internal", msg, where),))
+        yield entry
         index += 1
 
 

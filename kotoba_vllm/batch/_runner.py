@@ -2,7 +2,10 @@
 
 Every input position ends as exactly one record: the response, the typed error
 (`KotobaError.to_edn()`), or the validation problems of a request that was never sent.
-Admission rejections are recorded like any other answer and never retried.
+Whatever a sender does - raise any exception, get cancelled, never return - becomes that
+entry's record (`:vllm/error :internal` with the exception's type and message when nothing
+better fits; a sender past its deadline is a `:timeout`), so the ordered output never waits on
+a gap. Admission rejections are recorded like any other answer and never retried.
 Stopping (`stop()`, wired to SIGINT/SIGTERM by the CLI): nothing new is sent, requests
 already in flight finish and are recorded; a second stop abandons them (they are not
 recorded, so `--resume` sends them again; the server may have seen them).
@@ -18,7 +21,7 @@ from typing import Any, Awaitable, Callable, Iterable
 import attrs
 
 from .._edn import EdnError, Keyword, kw
-from .._errors import ConfigError, KotobaError, ValidationError
+from .._errors import ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
 from .._model import to_edn
 from .._requests import request_to_edn
 from ._entries import BatchEntry
@@ -78,8 +81,11 @@ class BatchSummary:
                 f"{self.elapsed_s:.2f} s, {rate}")
 
 
-# One request -> (response, deltas) or raises KotobaError.
+# One request -> (response, deltas); a KotobaError is the typed failure, anything else a bug recorded as one.
 SendFn = Callable[[BatchEntry], Awaitable[tuple[Any, list[Any]]]]
+Outcome = Any  # (response, deltas) | KotobaError
+# After cancelling a sender past its deadline, how long to wait for it to unwind.
+CANCEL_GRACE_S = 1.0
 
 
 class Recorder:
@@ -126,10 +132,12 @@ class Recorder:
 class BatchRunner:
     def __init__(self, send: SendFn, sink: OrderedSink, recorder: Recorder, *, concurrency: int = 8,
                  window: int | None = None, existing: ExistingOutput | None = None,
-                 progress: Any = None) -> None:
+                 progress: Any = None, deadline_s: float | None = None) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
         self.send, self.sink, self.recorder = send, sink, recorder
+        # A sender still running after this many seconds is cancelled and recorded as a timeout.
+        self.deadline_s = deadline_s
         self.concurrency = concurrency
         # Out-of-order results wait in memory; cap how far ahead of the oldest unwritten we go.
         self.window = window or max(1024, 64 * concurrency)
@@ -166,16 +174,50 @@ class BatchRunner:
         if self.progress is not None:
             self.progress.update(1)
 
+    async def _answer(self, e: BatchEntry) -> Outcome:
+        """What the sender made of `e`: (response, deltas) or a typed error - never an exception,
+        except this task's own cancellation (a second stop abandons the request)."""
+        task = asyncio.ensure_future(self.send(e))
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self.deadline_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            await asyncio.wait((task,), timeout=CANCEL_GRACE_S)  # a sender that ignores cancel is left behind
+            task.add_done_callback(_retrieve)
+            endpoint = e.request.base_url if e.request is not None else None
+            return RequestTimeout(f"no answer within {self.deadline_s} s (the whole request); cancelled",
+                                  phase="total", limit_s=self.deadline_s, endpoint=endpoint)
+        if task.cancelled():
+            return InternalError("CancelledError: the request was cancelled before it answered",
+                                 exception_type="CancelledError")
+        exc = task.exception()
+        if exc is None:
+            return task.result()
+        return exc if isinstance(exc, KotobaError) else InternalError.from_exception(exc)
+
+    def _lines(self, e: BatchEntry, outcome: Outcome) -> tuple[list[str], str]:
+        """The record's text and its outcome; a record that cannot be rendered is an :internal one."""
+        try:
+            if isinstance(outcome, KotobaError):
+                lines, kind = self.recorder.failed(e, outcome), outcome.kind
+            else:
+                resp, deltas = outcome
+                lines, kind = self.recorder.ok(e, resp, deltas), "ok"
+        except Exception as exc:
+            err = InternalError.from_exception(exc, during="while writing the record")
+            lines, kind = self.recorder.failed(attrs.evolve(e, request=None), err), err.kind
+        return [_writable(line) for line in lines], kind
+
     async def _one(self, e: BatchEntry, sem: asyncio.Semaphore) -> None:
         try:
-            try:
-                resp, deltas = await self.send(e)
-            except KotobaError as err:
-                if isinstance(err, ValidationError):
-                    self.summary.sent -= 1  # refused by validation before any byte went out
-                self._record(e.index, self.recorder.failed(e, err), err.kind)
-            else:
-                self._record(e.index, self.recorder.ok(e, resp, deltas), "ok")
+            outcome = await self._answer(e)
+            if isinstance(outcome, ValidationError):
+                self.summary.sent -= 1  # refused by validation before any byte went out
+            lines, kind = self._lines(e, outcome)
+            self._record(e.index, lines, kind)
         except asyncio.CancelledError:
             self.summary.abandoned += 1
             raise
@@ -219,9 +261,31 @@ class BatchRunner:
         except EdnError as err:  # the input stopped reading as a whole (e.g. an unclosed vector)
             self.summary.input_error = str(err)
             self._stop.set()
+        except Exception as err:  # the reader itself failed: say so, keep every record already made
+            self.summary.input_error = str(InternalError.from_exception(err, during="while reading the input"))
+            self._stop.set()
         finally:
+            failures: list[BaseException] = []
             if self._tasks:
-                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                results = await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                failures = [r for r in results if isinstance(r, Exception)]
             self.sink.close(keep_journal=bool(ex.journal))
             self.summary.elapsed_s = time.perf_counter() - started
+        if failures:  # the output itself failed (disk full ...): the run cannot claim its records
+            raise failures[0]
         return self.summary
+
+
+def _retrieve(task: "asyncio.Future[Any]") -> None:
+    """Collect what an abandoned sender ends with, so asyncio never reports it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _writable(line: str) -> str:
+    """Lone surrogates cannot be written as UTF-8: keep them as `\\uXXXX` escapes (EDN and JSON both read those)."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "backslashreplace").decode("utf-8")
+    return line

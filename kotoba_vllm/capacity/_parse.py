@@ -7,14 +7,37 @@ the reason; the verdict layer turns that into an unmeasured answer, never a zero
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Iterable
 
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
-from .._errors import Unparsable, redact
+from .._errors import BadNumber, Unparsable, redact
 
 _SNIPPET = 160
+
+
+# More requests or slots than any server runs: a figure past this is garbage, not load.
+MAX_COUNT = 10**9
+
+
+def checked(name: str, value: Any, *, path: str = "/metrics") -> float:
+    """`value` as a finite, non-negative, plausible figure, or BadNumber naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadNumber(f"GET {path}: {name} is not a number ({type(value).__name__})")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise BadNumber(f"GET {path}: {name} is too large ({str(value)[:20]}...)") from None
+    if not math.isfinite(x) or x < 0 or x > MAX_COUNT:
+        raise BadNumber(f"GET {path}: {name} is {value!r}: not a count a server can report")
+    return x
+
+
+def count(name: str, s: "MetricSum") -> int:
+    """A summed gauge as a whole count (the sums are already checked)."""
+    return int(checked(name, s.value))
 
 
 @attrs.frozen
@@ -43,7 +66,7 @@ def failure(f: Fetched) -> str | None:
 def _json(body: bytes, path: str) -> Any:
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise Unparsable(f"GET {path}: not JSON ({e})") from None
 
 
@@ -74,8 +97,10 @@ def metric_sums(text: str, names: Iterable[str]) -> dict[str, MetricSum]:
                     continue
                 if any(s.labels.get(r, "0") != "0" for r in _RANK_LABELS):
                     continue
-                acc.setdefault(s.name, []).append(float(s.value))
-    except (ValueError, TypeError, IndexError, KeyError) as e:
+                acc.setdefault(s.name, []).append(checked(s.name, s.value))
+    except BadNumber:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError, RecursionError) as e:
         raise Unparsable(f"not Prometheus text ({e})") from None
     return {n: MetricSum(sum(v), len(v)) for n, v in acc.items()}
 
@@ -87,6 +112,8 @@ def prometheus(f: Fetched, names: Iterable[str]) -> dict[str, MetricSum]:
         raise Unparsable(f"GET {f.path}: not UTF-8 text ({e})") from None
     try:
         return metric_sums(text, names)
+    except BadNumber:
+        raise
     except Unparsable as e:
         raise Unparsable(f"GET {f.path}: {e}") from None
 
@@ -114,6 +141,7 @@ def llamacpp_total_slots(f: Fetched) -> int:
     total = obj.get("total_slots") if isinstance(obj, dict) else None
     if type(total) is not int or total < 1:
         raise Unparsable(f"GET {f.path}: no positive integer total_slots")
+    checked("total_slots", total, path=f.path)
     return total
 
 
@@ -131,7 +159,7 @@ def sglang_max_running(f: Fetched) -> int | None:
     if isinstance(states, list):
         candidates += [s.get("max_running_requests") for s in states if isinstance(s, dict)]
     for c in candidates:
-        if type(c) is int and c > 0:
+        if type(c) is int and 0 < c <= MAX_COUNT:
             return c
     return None
 
@@ -142,4 +170,4 @@ def vllm_load(f: Fetched) -> int:
     load = obj.get("server_load") if isinstance(obj, dict) else None
     if type(load) is not int:
         raise Unparsable(f"GET {f.path}: no integer server_load")
-    return load
+    return int(checked("server_load", load, path=f.path))

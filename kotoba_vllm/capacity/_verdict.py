@@ -16,11 +16,11 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import attrs
 
-from .._errors import Unparsable
+from .._errors import BadNumber, Unparsable
 from ._answer import (ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, CapacityAnswer, Evidence, PoolCapacity, Queue,
                       Slots)
-from ._parse import (Fetched, MetricSum, failure, llamacpp_slots, llamacpp_total_slots, prometheus,
-                     sglang_max_running, vllm_load)
+from ._parse import (Fetched, MetricSum, count, failure, llamacpp_slots, llamacpp_total_slots,
+                     prometheus, sglang_max_running, vllm_load)
 
 # Which paths each engine's probe asks, all at once. Table as data: adding an engine is a
 # row here and a verdict function below.
@@ -83,6 +83,8 @@ def _metrics(got: Mapping[str, Fetched], names: Sequence[str], reasons: list[str
         return None
     try:
         return prometheus(f, names)
+    except BadNumber:
+        raise  # not a missing reading: a wrong one, and the member is unmeasured (see capacity_answer)
     except Unparsable as e:
         reasons.append(str(e))
         return None
@@ -103,7 +105,7 @@ def llamacpp_verdict(endpoint: str, got: Mapping[str, Fetched], at: str | None) 
     reasons: list[str] = []
     probes = tuple(got)
     sums = _metrics(got, (LLAMACPP_PROCESSING, LLAMACPP_DEFERRED), reasons)
-    deferred = int(sums[LLAMACPP_DEFERRED].value) if sums and LLAMACPP_DEFERRED in sums else None
+    deferred = count(LLAMACPP_DEFERRED, sums[LLAMACPP_DEFERRED]) if sums and LLAMACPP_DEFERRED in sums else None
     total = busy = None
     probe: Fetched | None = None
     note = None
@@ -119,7 +121,7 @@ def llamacpp_verdict(endpoint: str, got: Mapping[str, Fetched], at: str | None) 
         if props_f is not None and sums is not None and _need(sums, (LLAMACPP_PROCESSING,), reasons):
             try:
                 total = llamacpp_total_slots(props_f)
-                busy = min(int(sums[LLAMACPP_PROCESSING].value), total)
+                busy = min(count(LLAMACPP_PROCESSING, sums[LLAMACPP_PROCESSING]), total)
                 probe = got["/metrics"]
                 note = "no /slots: total from /props total_slots, busy from /metrics requests_processing"
             except Unparsable as e:
@@ -156,7 +158,7 @@ def vllm_verdict(endpoint: str, got: Mapping[str, Fetched], at: str | None) -> C
             load = vllm_load(load_f)
         except Unparsable as e:
             note = f"server load declared tracked, but unread: {e}"  # the metrics already decided
-    running, waiting = int(sums[VLLM_RUNNING].value), int(sums[VLLM_WAITING].value)
+    running, waiting = count(VLLM_RUNNING, sums[VLLM_RUNNING]), count(VLLM_WAITING, sums[VLLM_WAITING])
     kv_usage = None
     if kv is not None:
         kv_usage = kv.value / kv.series  # a fraction per engine: the mean, not the sum
@@ -187,7 +189,7 @@ def sglang_verdict(endpoint: str, got: Mapping[str, Fetched], at: str | None) ->
                 continue
             if max_running is not None:
                 break
-    running, waiting = int(sums[SGLANG_RUNNING].value), int(sums[SGLANG_QUEUE].value)
+    running, waiting = count(SGLANG_RUNNING, sums[SGLANG_RUNNING]), count(SGLANG_QUEUE, sums[SGLANG_QUEUE])
     usage = sums.get(SGLANG_TOKEN_USAGE)
     full = waiting > 0 or (max_running is not None and running >= max_running)
     series, note = _series_note([sums[SGLANG_RUNNING], sums[SGLANG_QUEUE]])
@@ -218,7 +220,13 @@ def capacity_answer(endpoint: str, backend: str | None, got: Mapping[str, Fetche
     if fn is None:
         return unmeasured(endpoint, backend, f"no capacity probe for backend {backend or 'unknown'}: "
                           "an OpenAI-compatible server does not publish its slots", at=at, probes=tuple(got))
-    out = fn(endpoint.rstrip("/"), got, at)
+    try:
+        out = fn(endpoint.rstrip("/"), got, at)
+    except BadNumber as e:
+        return unmeasured(endpoint, backend, str(e), at=at, probes=tuple(got), reachable=True)
+    except Exception as e:  # a capacity answer is always an answer: a parser bug leaves the member unmeasured
+        return unmeasured(endpoint, backend, f"could not read the probes: {type(e).__name__}: {e}", at=at,
+                          probes=tuple(got), reachable=any(f.error is None for f in got.values()))
     if not out.measured:
         out = attrs.evolve(out, reachable=any(f.error is None for f in got.values()))
     return out

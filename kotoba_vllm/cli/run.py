@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from .._base_client import API_KEY_ENV, BASE_URL_ENV
+from .._base_client import API_KEY_ENV, BASE_URL_ENV, DEFAULT_TIMEOUT
 from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
 from .._model import TEXT_REQUESTS, StreamDelta, to_edn
@@ -28,6 +28,7 @@ from ..dialects import DIALECTS
 from ..local import LlamaServer, LocalServerError
 from ..pool import AsyncPool, load_pool_config
 
+DEADLINE_GRACE_S = 1.0
 HELP = "Send every request in an EDN or batch-JSONL file, N at a time; one result per request, in order."
 
 
@@ -35,19 +36,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="EDN request file (request maps or one vector of them), or batch JSONL "
                                 "(.jsonl: OpenAI/vLLM run-batch lines); '-' for stdin")
     p.add_argument("--base-url", action="append", default=None,
-                   help=f"server URL (else the request's :vllm/base-url, else ${BASE_URL_ENV}, else a local "
-                        "llama-server is started); give it more than once to spread over a pool")
+                   help=f"server URL for every request that names none (default ${BASE_URL_ENV}, else a local "
+                        "llama-server is started). A request's own :vllm/base-url (a JSONL line's absolute url) "
+                        "wins over it, and is sent WITHOUT the API key unless that origin is trusted "
+                        "(--trust-origin). Give it more than once to spread over a pool: then every request "
+                        "goes to a pool member and request URLs are ignored")
     p.add_argument("--pool", help="pool spec (EDN) to send through instead of one server")
     p.add_argument("--backend", "-b", choices=["auto", *sorted(DIALECTS)], default="auto",
                    help="engine dialect (default: detect from the server's own endpoints)")
-    p.add_argument("--api-key", help=f"bearer token (also ${API_KEY_ENV}); never printed")
+    p.add_argument("--api-key", help=f"bearer token (also ${API_KEY_ENV}); never printed; sent only to --base-url, "
+                                     "pool members and --trust-origin origins")
+    p.add_argument("--trust-origin", action="append", default=[], metavar="URL",
+                   help="also send the API key to this origin (scheme://host:port) when a request names it")
     p.add_argument("--stream", action="store_true",
                    help="stream every request; on stdout the request at the head of the output prints its "
                         "deltas as they arrive, others just before their result")
     p.add_argument("--output", "-o", help="write results to this file instead of stdout")
     p.add_argument("--local", action="store_true", help="start a local llama-server (tiny model) for this run")
     p.add_argument("--model", help="GGUF for --local (default: the tiny random test model)")
-    p.add_argument("--timeout", type=float, default=None, help="per-request timeout in seconds")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="per-request timeout in seconds: each connect/read/write phase, and the request as a "
+                        f"whole (a request still unanswered after it is recorded as :timeout; default "
+                        f"{DEFAULT_TIMEOUT.read:g} s)")
     p.add_argument("--pretty", action="store_true", help="pretty-print EDN")
     p.add_argument("--concurrency", "-c", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--resume", action="store_true",
@@ -116,7 +126,14 @@ def _make_client(args: argparse.Namespace, urls: list[str]) -> AsyncClient | Asy
                 kwargs["backend"] = args.backend
             return AsyncPool.from_config(config, **kwargs)
         return AsyncPool(urls, backend=args.backend, **kwargs)
-    return AsyncClient(urls[0] if urls else None, backend=args.backend, **kwargs)
+    return AsyncClient(urls[0] if urls else None, backend=args.backend, trusted_origins=args.trust_origin,
+                       **kwargs)
+
+
+def _deadline(args: argparse.Namespace) -> float:
+    """The whole-request bound: a little past --timeout, so the transport's own timeout (which
+    names the phase) fires first when it applies."""
+    return (args.timeout if args.timeout is not None else DEFAULT_TIMEOUT.read or 600.0) + DEADLINE_GRACE_S
 
 
 def _formats(args: argparse.Namespace) -> tuple[str, str]:
@@ -214,7 +231,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         return await client.send(req, timeout=args.timeout), []
 
     runner = BatchRunner(send, sink, Recorder(out_fmt, args.pretty), concurrency=args.concurrency,
-                         window=args.window, existing=existing, progress=progress)
+                         window=args.window, existing=existing, progress=progress, deadline_s=_deadline(args))
     loop = asyncio.get_running_loop()
 
     def on_signal(signame: str) -> None:

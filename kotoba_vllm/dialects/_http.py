@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import email.utils
 import json
+import math
 from typing import Any, Mapping
 
 import attrs
@@ -42,7 +43,7 @@ def parse_retry_after(value: str | None, now: _dt.datetime | None = None) -> flo
     value = value.strip()
     try:
         secs = float(value)
-        return secs if secs >= 0 else None
+        return secs if math.isfinite(secs) and secs >= 0 else None
     except ValueError:
         pass
     try:

@@ -496,7 +496,8 @@ def json_chunk(data: str) -> Any:
 
 
 def int_or_none(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    """A count or index from the server: a non-negative int a float can hold, else unknown."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**53 else None
 
 
 def str_or_none(v: Any) -> str | None:
