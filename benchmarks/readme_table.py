@@ -1,5 +1,5 @@
 """`python benchmarks/readme_table.py results/<run>.edn [--write]`: the README's performance tables,
-generated from one named result file (`--write` puts them into benchmarks/README.md between the
+generated from one named result file (`--write` puts them into benchmarks/README.md and README.md between the
 `<!-- throughput-table -->` markers, naming the file)."""
 
 from __future__ import annotations
@@ -78,22 +78,25 @@ def tables(result: dict[str, Any], name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("result", help="a result file under benchmarks/results/")
-    ap.add_argument("--write", action="store_true", help="replace the table in benchmarks/README.md")
+    ap.add_argument("--write", action="store_true", help="replace the tables in benchmarks/README.md and README.md")
     a = ap.parse_args(argv)
     text = tables(load(a.result), os.path.basename(a.result))
     if not a.write:
         print(text)
         return 0
-    readme = os.path.join(HERE, "README.md")
-    doc = open(readme, encoding="utf-8").read()
     block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in doc:
-        doc = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    with open(readme, "w", encoding="utf-8") as fh:
-        fh.write(doc)
-    print(f"wrote the table from {a.result} into {readme}")
+    # benchmarks/README.md always gets the table; the project README only where it has the markers.
+    for readme in (os.path.join(HERE, "README.md"), os.path.join(HERE, os.pardir, "README.md")):
+        doc = open(readme, encoding="utf-8").read()
+        if BEGIN in doc:
+            doc = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+        elif os.path.dirname(readme) == HERE:
+            doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+        else:
+            continue
+        with open(readme, "w", encoding="utf-8") as fh:
+            fh.write(doc)
+        print(f"wrote the table from {a.result} into {os.path.normpath(readme)}")
     return 0
 
 
