@@ -31,6 +31,7 @@ _sre: Any = importlib.import_module("re._parser" if sys.version_info >= (3, 11) 
 
 MAX_CODEPOINT = 0x10FFFF
 MAX_BOUND = 10_000  # largest {m,n} bound spelled out; the grammar grows linearly with it
+MAX_GROUP_DEPTH = 100  # refused before parsing: re's parser and ours recurse once per level
 
 
 @dataclass(frozen=True)
@@ -433,9 +434,40 @@ def is_one_char(n: Node) -> bool:
 def regex_to_gbnf(pattern: str) -> str | Untranslatable:
     """A GBNF grammar (rule `root`) accepting exactly the strings `re.fullmatch(pattern, s)` accepts,
     or what keeps the pattern from having one."""
+    if group_depth(pattern) > MAX_GROUP_DEPTH:
+        return Untranslatable("groups nested too deeply")
     try:
         return _Printer().grammar(parse(pattern))
     except _Refused as e:
         return e.why
     except RecursionError:
         return Untranslatable("groups nested too deeply")
+
+
+def group_depth(pattern: str) -> int:
+    """The deepest nesting of `(` in `pattern`, skipping escapes and character classes.
+
+    Checked before `re`'s recursive parser runs, so the refusal does not depend on how much
+    stack the caller has left (hypothesis and pytest change the recursion limit)."""
+    depth = deepest = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i += 1
+            if i < n and pattern[i] == "^":
+                i += 1
+            if i < n and pattern[i] == "]":
+                i += 1  # a `]` first in a class is a literal
+            while i < n and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth = max(depth - 1, 0)
+        i += 1
+    return deepest
