@@ -7,7 +7,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 from kotoba_vllm._edn import kw, read_one
 from kotoba_vllm.distributed import _probe
@@ -83,17 +82,9 @@ def test_cli_probe_links_records_into_a_spec(tmp_path) -> None:
     rx = subprocess.Popen([sys.executable, "-m", "kotoba_vllm", "probe-links", "--listen", str(port)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        # The connect above used up the receiver's one accept; start a fresh one.
-        rx.wait(10)
-        rx = subprocess.Popen([sys.executable, "-m", "kotoba_vllm", "probe-links", "--listen", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        # The receiver says when it listens; waiting for that line (not a fixed sleep) holds on a loaded machine.
+        assert rx.stderr is not None
+        assert rx.stderr.readline().startswith(f"listening on {port}")
         r = subprocess.run([sys.executable, "-m", "kotoba_vllm", "probe-links", "--send", f"127.0.0.1:{port}",
                             "--bytes", str(16 * 1024 * 1024), "--spec", str(spec), "--boundary", "head:worker",
                             "--in-place"], capture_output=True, text=True, timeout=60)
