@@ -121,18 +121,29 @@ N = 1000
 
 def test_1000_sequential_streams_through_client(llama_url: str) -> None:
     failures: list[str] = []
+    sent = 0
+
+    def one() -> None:
+        nonlocal sent
+        try:
+            st = c.stream(STREAM_REQ)
+            text = "".join(d.delta for d in st)
+            assert st.response is not None and st.response.text == text
+        except Exception as e:  # noqa: BLE001 - counted and reported below
+            failures.append(f"{sent}: {type(e).__name__}: {e}")
+        sent += 1
+
     with Client(llama_url, backend="llamacpp", timeout=30.0) as c:
-        for i in range(N):
-            try:
-                st = c.stream(STREAM_REQ)
-                text = "".join(d.delta for d in st)
-                assert st.response is not None and st.response.text == text
-            except Exception as e:  # noqa: BLE001 - counted and reported below
-                failures.append(f"{i}: {type(e).__name__}: {e}")
+        for _ in range(N):
+            one()
+        # Whether llama-server's close races our next request is timing: 111 in 1,000 on a loaded machine, 0 in
+        # one quiet CI run. Keep going (every stream must still succeed) until the race is seen once.
+        while c.resends == 0 and sent < 5 * N:
+            one()
         resends = c.resends
-    assert failures == [], f"{len(failures)}/{N} failed: {failures[:5]}"
+    assert failures == [], f"{len(failures)}/{sent} failed: {failures[:5]}"
     # the stale keep-alives plain httpx loses were seen, with evidence, and resent
-    assert resends >= 1, "no resend observed: the evidence rule never fired"
+    assert resends >= 1, f"no resend observed in {sent} streams: the evidence rule never fired"
 
 
 def test_1000_sequential_streams_through_async_client(llama_url: str) -> None:
