@@ -45,8 +45,8 @@ def _span_block(path: str, fmt: str, span: Span, skip: Any) -> Iterator[Any]:
     """One block: the span's requests, numbered from its first index, minus those in `skip`."""
     rows = list(read_edn_span(path, span) if fmt == "edn" else read_jsonl_span(path, span))
     if len(rows) != span.rows:  # the plan and the read cut the same bytes with the same scanner
-        raise RuntimeError(f"{path}: bytes {span.start}-{span.end} held {len(rows)} requests, "
-                           f"the plan counted {span.rows}")
+        raise ConfigError(f"{path}: bytes {span.start}-{span.end} held {len(rows)} requests where the "
+                          f"plan counted {span.rows}: did the file change during the run?")
     index = np.arange(span.first, span.first + span.rows, dtype=np.int64)
     keep = np.ones(len(rows), dtype=bool) if skip is None else ~np.isin(index, skip)
     yield pa.table({INDEX: pa.array(index[keep]),

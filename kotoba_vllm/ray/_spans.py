@@ -133,8 +133,8 @@ def read_edn_span(path: str, span: Span) -> Iterator[tuple[str, str]]:
     """(request text, where) of every request in the span, in order."""
     with open(path, "rb") as fh:
         fh.seek(span.start)
-        stream = FormStream(_Utf8Range(fh, span.end - span.start), path,  # type: ignore[arg-type]
-                            vector_elements=False, recover=True)
+        text = _Utf8Range(fh, span.end - span.start)
+        stream = FormStream(text, path, vector_elements=False, recover=True)  # type: ignore[arg-type]  # read() only
         stream.line, stream.column = span.line, span.column
         for seg, line, col in stream.segments():
             yield from segment_rows(seg, path, line, col)
