@@ -118,10 +118,14 @@ def run_ray(args: argparse.Namespace) -> int:
             started_ray = True
         ray.data.DataContext.get_current().enable_progress_bars = not args.no_progress
         backend = "llamacpp" if args.local and args.backend == "auto" else args.backend
-        stats = run_pipeline(args.file, out, pool=pool, input_format=args.input_format, output_format=args.format,
-                             resume=args.resume, block_rows=args.block_rows, actors=args.ray_actors,
-                             actor_cpus=args.ray_actor_cpus, concurrency=args.concurrency, timeout=args.timeout,
-                             backend=backend)
+        try:
+            stats = run_pipeline(args.file, out, pool=pool, input_format=args.input_format,
+                                 output_format=args.format, resume=args.resume, block_rows=args.block_rows,
+                                 actors=args.ray_actors, actor_cpus=args.ray_actor_cpus,
+                                 concurrency=args.concurrency, timeout=args.timeout, backend=backend)
+        except EdnError as e:  # the file's shape, found while planning its read (e.g. '[' never closed)
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     finally:
         if started_ray:
             ray.shutdown()

@@ -1,6 +1,7 @@
-"""Ray Data readers that number every request: EDN and JSONL stream through one read task (one
-chunk and one form in memory at a time, blocks of `block_rows` going downstream as they fill);
-Parquet splits by row group, numbered from the file's metadata.
+"""Ray Data readers that number every request. EDN and JSONL are planned on the driver as byte
+spans of `block_rows` requests (one streaming pass, see _spans.py); each span is one read task and
+one block, numbered from the span's first index, so nothing is repartitioned. Parquet splits by
+row group, numbered from the file's metadata.
 
 Rows: `request_index`, `request` (EDN text or the JSONL line), `where` ("file:line:column");
 Parquet rows keep their own columns and must hold a `request` column or the batch JSONL columns.
@@ -16,10 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._edn import EdnError, dumps
 from .._errors import ConfigError
-from ..batch import FormStream, read_located
 from ._rows import INDEX, REQUEST, WHERE
+from ._spans import Span, plan_edn, plan_jsonl, read_edn_span, read_jsonl_span
 
 FORMATS = ("edn", "jsonl", "parquet")
 
@@ -32,51 +32,26 @@ def detect_input_format(path: str, fmt: str | None = None) -> str:
     return "jsonl" if path.endswith((".jsonl", ".ndjson")) else "edn"
 
 
-def _edn_rows(path: str) -> Iterator[tuple[str, str]]:
-    """(form text, where) per request form, without reading the file whole."""
-    with open(path, encoding="utf-8", newline="") as fh:
-        for seg, line, col in FormStream(fh, path, recover=True).segments():
-            try:
-                forms = list(read_located(seg, path, line, col))
-            except EdnError:
-                forms = None  # the stage reads it again and records the located syntax problem
-            if forms is None or len(forms) == 1:
-                yield seg, f"{path}:{line}:{col}"
-            else:  # several atoms cut as one segment (rare): one row each
-                for f in forms:
-                    yield dumps(f.value), f.where
-
-
-def _jsonl_rows(path: str) -> Iterator[tuple[str, str]]:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():  # blank lines are not requests (as vLLM's reader does)
-                yield line.rstrip("\r\n"), f"{path}:{lineno}:1"
-
-
-def _skipped(skip: Any, index: int) -> bool:
+def _skip_within(skip: Any, first: int, rows: int) -> Any:
+    """The part of the sorted `skip` array that falls in [first, first + rows): a read task carries
+    only its own share, never the whole --resume list."""
     if skip is None or len(skip) == 0:
-        return False
-    pos = int(np.searchsorted(skip, index))
-    return pos < len(skip) and int(skip[pos]) == index
+        return None
+    lo, hi = np.searchsorted(skip, [first, first + rows])
+    return skip[lo:hi]
 
 
-def _text_blocks(path: str, fmt: str, block_rows: int, skip: Any) -> Iterator[Any]:
-    rows = _edn_rows(path) if fmt == "edn" else _jsonl_rows(path)
-    idx: list[int] = []
-    req: list[str] = []
-    where: list[str] = []
-    for i, (text, at) in enumerate(rows):
-        if _skipped(skip, i):
-            continue
-        idx.append(i)
-        req.append(text)
-        where.append(at)
-        if len(idx) >= block_rows:
-            yield pa.table({INDEX: pa.array(idx, pa.int64()), REQUEST: req, WHERE: where})
-            idx, req, where = [], [], []
-    if idx:
-        yield pa.table({INDEX: pa.array(idx, pa.int64()), REQUEST: req, WHERE: where})
+def _span_block(path: str, fmt: str, span: Span, skip: Any) -> Iterator[Any]:
+    """One block: the span's requests, numbered from its first index, minus those in `skip`."""
+    rows = list(read_edn_span(path, span) if fmt == "edn" else read_jsonl_span(path, span))
+    if len(rows) != span.rows:  # the plan and the read cut the same bytes with the same scanner
+        raise ConfigError(f"{path}: bytes {span.start}-{span.end} held {len(rows)} requests where the "
+                          f"plan counted {span.rows}: did the file change during the run?")
+    index = np.arange(span.first, span.first + span.rows, dtype=np.int64)
+    keep = np.ones(len(rows), dtype=bool) if skip is None else ~np.isin(index, skip)
+    yield pa.table({INDEX: pa.array(index[keep]),
+                    REQUEST: [r[0] for r, k in zip(rows, keep) if k],
+                    WHERE: [r[1] for r, k in zip(rows, keep) if k]})
 
 
 def _parquet_blocks(path: str, groups: list[int], first: int, block_rows: int, skip: Any) -> Iterator[Any]:
@@ -96,8 +71,15 @@ def _parquet_blocks(path: str, groups: list[int], first: int, block_rows: int, s
             yield table.slice(off, block_rows)
 
 
+def plan_spans(path: str, fmt: str, block_rows: int) -> list[Span]:
+    """The byte spans of a text input, planned by one streaming pass on the driver."""
+    return list(plan_edn(path, block_rows) if fmt == "edn" else plan_jsonl(path, block_rows))
+
+
 def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 256, skip: Any = None) -> Any:
-    """A `ray.data.Datasource` for a request file (use with `ray.data.read_datasource`)."""
+    """A `ray.data.Datasource` for a request file (use with `ray.data.read_datasource`). EDN and JSONL
+    are planned here, on the driver (`EdnError` for a file whose shape is broken): one read task
+    and one block per `block_rows` requests, each numbered on its own."""
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
@@ -106,9 +88,16 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
         raise ConfigError(f"input format must be one of {', '.join(FORMATS)}")
     if block_rows < 1:
         raise ConfigError("block_rows must be >= 1")
+    spans = plan_spans(path, kind, block_rows) if kind != "parquet" else []
 
-    def _parquet_task(groups: list[int], first: int) -> Callable[[], Iterator[Any]]:
-        return lambda: _parquet_blocks(path, groups, first, block_rows, skip)
+    def _parquet_task(groups: list[int], first: int, mine: Any) -> Callable[[], Iterator[Any]]:
+        return lambda: _parquet_blocks(path, groups, first, block_rows, mine)
+
+    def _span_task(span: Span, mine: Any) -> Callable[[], Iterator[Any]]:
+        return lambda: _span_block(path, kind, span, mine)
+
+    def _meta(rows: int | None, size: int | None) -> Any:
+        return BlockMetadata(num_rows=rows, size_bytes=size, exec_stats=None, input_files=(path,))
 
     class RequestFile(Datasource):
         def get_name(self) -> str:
@@ -119,18 +108,21 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[Any]:
-            meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=(path,))
             if kind != "parquet":
-                return [ReadTask(lambda: _text_blocks(path, kind, block_rows, skip), meta)]
+                tasks = []
+                for span in spans:
+                    mine = _skip_within(skip, span.first, span.rows)
+                    left = span.rows - (0 if mine is None else len(mine))
+                    if left:  # a span wholly done by an earlier run needs no task
+                        tasks.append(ReadTask(_span_task(span, mine), _meta(left, span.end - span.start)))
+                return tasks
             md = pq.ParquetFile(path).metadata
             tasks, first = [], 0
             per_task = max(1, -(-md.num_row_groups // max(1, parallelism)))
             for lo in range(0, md.num_row_groups, per_task):
                 groups = list(range(lo, min(lo + per_task, md.num_row_groups)))
                 n = sum(md.row_group(g).num_rows for g in groups)
-                tasks.append(ReadTask(_parquet_task(groups, first),
-                                      BlockMetadata(num_rows=n, size_bytes=None, exec_stats=None,
-                                                    input_files=(path,))))
+                tasks.append(ReadTask(_parquet_task(groups, first, _skip_within(skip, first, n)), _meta(n, None)))
                 first += n
             return tasks
 
@@ -139,21 +131,12 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
 
 def read_requests(path: str, fmt: str | None = None, *, block_rows: int = 256, skip: Any = None,
                   read_cpus: float = 0.25) -> Any:
-    """`ray.data.Dataset` of numbered requests from an EDN, JSONL or Parquet file."""
+    """`ray.data.Dataset` of numbered requests from an EDN, JSONL or Parquet file: blocks of
+    `block_rows` adjacent requests (Parquet: of at most `block_rows`, within a row group)."""
     import ray.data
-    # Ray merges a read's output up to DataContext.target_max_block_size (128 MiB by default): one
-    # streaming read of a large file would hand the next stage blocks of ~400k requests and fill a small
-    # object store. The dataset keeps a copy of the context taken here, with a block size near a few
-    # thousand requests; the repartition below cuts exactly block_rows.
-    ctx = ray.data.DataContext.get_current()
-    default = ctx.target_max_block_size
-    ctx.target_max_block_size = max(1 << 20, block_rows * 4096)
-    try:
-        # Reading is light: a quarter CPU, so a small node with request actors on it can still read.
-        ds = ray.data.read_datasource(request_datasource(path, fmt, block_rows=block_rows, skip=skip),
-                                      num_cpus=read_cpus)
-    finally:
-        ctx.target_max_block_size = default
-    # A read's output is merged up to DataContext.target_max_block_size (bytes); cut it back to
-    # blocks of block_rows adjacent requests, the unit a map task sends and a part file holds.
+    # Reading is light: a quarter CPU, so a small node with request actors on it can still read.
+    ds = ray.data.read_datasource(request_datasource(path, fmt, block_rows=block_rows, skip=skip),
+                                  num_cpus=read_cpus)
+    if detect_input_format(path, fmt) != "parquet":
+        return ds  # a task per span, a block per task: already cut and numbered
     return ds.repartition(target_num_rows_per_block=block_rows, strict=True)
