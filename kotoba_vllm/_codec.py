@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
-from typing import Any, Callable, Iterable, TypeVar
+from typing import AbstractSet, Any, Callable, Iterable, TypeVar
 
 import attrs
 import cattrs
@@ -65,6 +65,11 @@ class Codec:
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         return v
 
+    def write(self, v: Any) -> str | None:
+        """EDN text of `to_edn(v)`, None when that is nil (`write_edn` writes without building maps)."""
+        e = self.to_edn(v)
+        return None if e is None else dumps(e)
+
 
 class _Scalar(Codec):
     def __init__(self, name: str, check: Callable[[Any], bool], conv: Callable[[Any], Any] = lambda v: v) -> None:
@@ -91,9 +96,18 @@ class _Kw(Codec):
         self.choices = tuple(choices) if choices else None
         self.namespace = namespace
         self.name = "one of " + " ".join(":" + c for c in self.choices) if self.choices else "a keyword"
+        self._text: dict[str, str] = {}  # name -> its checked EDN text
 
     def to_edn(self, v: Any) -> Edn:
         return kw(f"{self.namespace}/{v}" if self.namespace else v)
+
+    def write(self, v: Any) -> str | None:
+        t = self._text.get(v) if type(v) is str else None
+        if t is None:
+            t = dumps(self.to_edn(v))
+            if type(v) is str and len(self._text) < 1024:
+                self._text[v] = t
+        return t
 
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, Keyword):
@@ -159,6 +173,10 @@ class _Many(Codec):
     def to_edn(self, v: Any) -> Edn:
         return [self.item.to_edn(x) for x in v]
 
+    def write(self, v: Any) -> str | None:
+        w = self.item.write
+        return "[" + " ".join([_nil_text(w(x)) for x in v]) + "]"
+
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, (list, tuple)):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
@@ -207,6 +225,9 @@ class _Nested(Codec):
     def to_edn(self, v: Any) -> Edn:
         out: dict[Keyword, Edn] = edn_converter.unstructure(v)  # the hooks registered below
         return out
+
+    def write(self, v: Any) -> str | None:
+        return write_edn(v)
 
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, dict):
@@ -327,7 +348,7 @@ def extras_field(namespaces: tuple[str, ...]) -> Any:
 
 
 class _Spec:
-    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required", "always")
+    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required", "always", "writers", "default_texts")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -346,9 +367,28 @@ class _Spec:
                 self.fields.append((a.name, k, a.metadata["codec"]))
                 if a.default is attrs.NOTHING:
                     self.required.append(a.name)
+        # (attribute, key, "key " text, codec, written when nil) for `write_edn`
+        self.writers: list[tuple[str, Keyword, str, Codec, bool]] = [
+            (name, k, dumps(k) + " ", codec, name in self.always) for name, k, codec in self.fields]
+        # attribute -> (its default object, that object's text), for defaults that are registered frozen values
+        self.default_texts: dict[str, tuple[Any, str]] = {}
+        for a in attrs.fields(cls):
+            d = a.default
+            if "edn" in a.metadata and type(d) in _REGISTERED and _frozen(d):
+                self.default_texts[a.name] = (d, write_edn(d))
 
 
 _SPECS: dict[type, _Spec] = {}
+
+
+def _frozen(obj: Any) -> bool:
+    """An attrs instance that refuses assignment (its text can be written once)."""
+    first = attrs.fields(type(obj))[0].name
+    try:
+        setattr(obj, first, getattr(obj, first))
+    except attrs.exceptions.FrozenInstanceError:
+        return True
+    return False
 
 
 def class_spec(cls: type) -> _Spec:
@@ -365,7 +405,7 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Key
     before = len(ctx.problems)
     skip = set(skip)
     for k, v in m.items():
-        if k in skip:
+        if skip and k in skip:
             continue
         if not isinstance(k, Keyword):
             ctx.bad("edn/non-keyword-key", f"map key {describe(k)} must be a keyword", None, m, k)
@@ -413,9 +453,60 @@ def _unstructure(obj: Any) -> dict[Keyword, Edn]:
     return out
 
 
+def _nil_text(s: str | None) -> str:
+    return "nil" if s is None else s
+
+
+def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str]:
+    """`dumps(to_edn(obj))`'s "key value" entries, in order, without building the maps; keys in
+    `skip` are left out. Byte-identical to the generic path (tests/test_edn_writer.py)."""
+    spec = _SPECS[type(obj)] if type(obj) in _REGISTERED else None
+    if spec is None:
+        return _entries_of(edn_converter.unstructure(obj), skip)
+    extras = getattr(obj, spec.extras_attr) if spec.extras_attr is not None else None
+    if extras and any(kw(name) in spec.by_key for name in extras):  # an extra replaces a field: rare
+        return _entries_of(_unstructure(obj), skip)
+    parts: list[str] = []
+    defaults = spec.default_texts
+    for name, k, key_text, codec, always in spec.writers:
+        v = getattr(obj, name)
+        if v is None:
+            text = None
+        else:
+            cached = defaults.get(name)  # a field holding its (frozen, shared) default object: its text once
+            text = cached[1] if cached is not None and cached[0] is v else codec.write(v)
+        if text is None:
+            if not always:
+                continue
+            text = "nil"
+        if not skip or k not in skip:
+            parts.append(key_text + text)
+    if extras:
+        for name, x in extras.items():
+            k = kw(name)
+            if not skip or k not in skip:
+                parts.append(dumps(k) + " " + dumps(x))
+    return parts
+
+
+def _entries_of(m: dict[Keyword, Edn], skip: AbstractSet[Keyword]) -> list[str]:
+    return [dumps(k) + " " + dumps(x) for k, x in m.items() if k not in skip]
+
+
+def write_edn(obj: Any) -> str:
+    """Compact EDN text of a typed value: exactly `dumps(to_edn(obj))`, faster for registered classes."""
+    if type(obj) not in _REGISTERED:
+        return dumps(edn_converter.unstructure(obj))
+    return "{" + " ".join(write_fields(obj)) + "}"
+
+
+_REGISTERED: set[type] = set()  # classes whose EDN is `_unstructure` (register below)
+
+
 def register(cls: type[T]) -> type[T]:
     """Class decorator: register EDN hooks for an attrs class on `edn_converter`."""
     class_spec(cls)
+    _REGISTERED.add(cls)
     edn_converter.register_unstructure_hook(cls, _unstructure)
 
     def structure(m: Any, _: type) -> Any:

@@ -59,8 +59,13 @@ class Form:
     def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
         """Line and column of `key` inside a map read as part of this form."""
         r = self._reader
-        off = r.key_offsets.get(id(mapping), {}).get(key) if r is not None else None
-        return None if off is None or r is None else r.where(off)
+        if r is None:
+            return None
+        keys, starts = r.key_offsets.get(id(mapping), ((), ()))
+        for k, off in zip(keys, starts):  # only when a problem is located: a scan beats hashing every key twice
+            if k == key:
+                return r.where(off)
+        return None
 
     @property
     def where(self) -> str:
@@ -180,7 +185,8 @@ class _Reader:
         self.base_line, self.base_column = line, column  # where `text` starts in its file
         self._mark = (0, 1)  # (offset, line number at that offset) of the last `where`
         self.tokens = _TOKEN.finditer(text)
-        self.key_offsets: dict[int, dict[Any, int]] = {}
+        # id(map) -> (its keys, their offsets), in reading order
+        self.key_offsets: dict[int, tuple[list[Any], list[int]]] = {}
         self.depth = 0
 
     def where(self, pos: int) -> tuple[int, int]:
@@ -408,19 +414,18 @@ class _Reader:
         if len(items) % 2:
             raise self.fail("map literal has an odd number of forms", pos)
         out: dict[Any, Any] = {}
-        offsets: dict[Any, int] = {}
-        self.key_offsets[id(out)] = offsets
-        for i in range(0, len(items), 2):
-            k = items[i]
-            if namespace is not None:
-                k = _in_namespace(k, namespace)
+        keys = items[0::2]
+        if namespace is not None:
+            keys = [_in_namespace(k, namespace) for k in keys]
+        for i, k in enumerate(keys):
+            n = len(out)
             try:
-                if k in out:
-                    raise self.fail(f"duplicate map key {dumps(k)}", starts[i])
+                out[k] = items[2 * i + 1]
             except TypeError:
-                raise self.fail("unhashable map key", starts[i]) from None
-            out[k] = items[i + 1]
-            offsets[k] = starts[i]
+                raise self.fail("unhashable map key", starts[2 * i]) from None
+            if len(out) == n:  # the key was there already: one hash per key, not two
+                raise self.fail(f"duplicate map key {dumps(k)}", starts[2 * i])
+        self.key_offsets[id(out)] = (keys, starts[0::2])
         return out
 
 

@@ -69,6 +69,9 @@ class PoolConfig:
     model: str | None = attrs.field(default=None, metadata={"edn": "pool/model", "codec": STR})
     server_load_tracked: bool = attrs.field(default=False,
                                             metadata={"edn": "pool/server-load-tracked?", "codec": BOOL})
+    # seconds a probe round is read for before the next (0: a round before every request); None: the default
+    capacity_interval_s: float | None = attrs.field(default=None,
+                                                    metadata={"edn": "pool/capacity-interval-s", "codec": NUM})
 
 
 def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
@@ -94,8 +97,13 @@ def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
     tracked = m.get(kw("pool/server-load-tracked?"), False)
     if not isinstance(tracked, bool):
         raise ConfigError(f"{where}: :pool/server-load-tracked? must be true or false")
+    interval = m.get(kw("pool/capacity-interval-s"))
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float))
+                                 or not interval >= 0 or interval == float("inf")):
+        raise ConfigError(f"{where}: :pool/capacity-interval-s must be a number of seconds >= 0 (0 probes before "
+                          f"every request), got {interval!r}")
     return PoolConfig(tuple(u for u in members if isinstance(u, str)), backend.name, None if t is None else float(t),
-                      model, tracked)
+                      model, tracked, None if interval is None else float(interval))
 
 
 def load_pool_config(path: str) -> PoolConfig:
@@ -169,6 +177,11 @@ class _PoolCore:
         if a is not None:
             extras["capacity/verdict"] = kw(a.verdict)
         return attrs.evolve(resp, extras=extras)
+
+
+def _retrieve(f: "asyncio.Future[Any]") -> None:
+    if not f.cancelled():
+        f.exception()
 
 
 def _attach(e: AdmissionRejected, cap: PoolCapacity) -> AdmissionRejected:
@@ -256,6 +269,8 @@ class Pool(_PoolCore):
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)
         kwargs.setdefault("server_load_tracked", config.server_load_tracked)
+        if config.capacity_interval_s is not None:
+            kwargs.setdefault("capacity_interval_s", config.capacity_interval_s)
         return cls(config.members, **kwargs)
 
     def close(self) -> None:
@@ -414,7 +429,7 @@ class AsyncPool(_PoolCore):
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
                          capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
         self.model = model
-        self._refresh: asyncio.Lock | None = None  # made on first use, in the running loop
+        self._round: asyncio.Future[PoolCapacity] | None = None  # the probe round under way, if any
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
         self.clients: dict[str, AsyncClient] = {
@@ -430,9 +445,13 @@ class AsyncPool(_PoolCore):
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)
         kwargs.setdefault("server_load_tracked", config.server_load_tracked)
+        if config.capacity_interval_s is not None:
+            kwargs.setdefault("capacity_interval_s", config.capacity_interval_s)
         return cls(config.members, **kwargs)
 
     async def aclose(self) -> None:
+        if self._round is not None and not self._round.done():
+            self._round.cancel()
         if self._own_http:
             for c in self.clients.values():
                 await c.aclose()
@@ -455,18 +474,30 @@ class AsyncPool(_PoolCore):
         return cap
 
     async def _current(self) -> PoolCapacity:
-        """The shared view, refreshed by one round when it is older than the interval."""
+        """The shared view, refreshed by one round when it is older than the interval. While that
+        round runs, decisions read the previous one as long as it started at most the interval plus
+        one probe timeout ago (the documented bound); past that, or with no round yet, they wait."""
         view = self.view
         if view.interval_s <= 0:
             return await self.capacity()
-        if not view.fresh(time.monotonic()):
-            if self._refresh is None:
-                self._refresh = asyncio.Lock()
-            async with self._refresh:  # one round at a time; the others read its result
-                if not view.fresh(time.monotonic()):
-                    await self.capacity()
+        now = time.monotonic()
+        if not view.fresh(now):
+            round_ = self._start_round()
+            if view.snapshot is None or now - view.started > view.interval_s + self._round_limit_s:
+                await asyncio.shield(round_)  # one round at a time; the others read its result
         assert view.snapshot is not None
         return view.snapshot
+
+    @property
+    def _round_limit_s(self) -> float:
+        return self.probe_timeout.read or PROBE_TIMEOUT.read or 1.5
+
+    def _start_round(self) -> "asyncio.Future[PoolCapacity]":
+        r = self._round
+        if r is None or r.done() or r.get_loop() is not asyncio.get_running_loop():
+            r = self._round = asyncio.ensure_future(self.capacity())
+            r.add_done_callback(_retrieve)  # a failed background round is seen by the next waiter, not logged
+        return r
 
     async def _admit(self, request: R, conversation: str | None
                      ) -> tuple[R, Admission, PoolCapacity, AsyncClient]:

@@ -99,3 +99,38 @@ def test_admit_moves_a_conversation_off_a_busy_member_and_says_why() -> None:
     a, b = "http://a", "http://b"
     adm = admit([a, b], [answer(a, ALL_SLOTS_BUSY), answer(b, SLOT_AVAILABLE)], affinity=a)
     assert adm.member == b and "moved off http://a" in adm.why
+
+
+@given(pools, st.none() | st.integers(0, 8), st.lists(st.integers(0, 3), min_size=8, max_size=8),
+       st.lists(st.booleans(), min_size=8, max_size=8))
+def test_the_views_decision_is_admits_for_the_same_round_in_flight_and_freed_members(
+        members: list[CapacityAnswer], aff_index: int | None, loads: list[int], finished: list[bool]) -> None:
+    from kotoba_vllm.capacity._view import CapacityView
+
+    urls = [a.endpoint for a in members]
+    aff = urls[aff_index] if aff_index is not None and aff_index < len(urls) else None
+    view = CapacityView(urls)
+    snapshot = merge_pool_capacity(members)
+    view.record(snapshot, started=10.0)
+    for u, n, done in zip(urls, loads, finished):
+        for _ in range(n):
+            view.begin(u)
+        if done:
+            view.end(u, now=11.0)  # finished one of ours after the round started: a freed slot
+    for _ in range(2):  # the second decision reads the round the view already sorted
+        expected = admit(urls, members, aff, inflight=view.inflight, freed=view.freed(), sent=view.sent)
+        assert view.decide(snapshot, aff) == expected
+
+
+@given(st.lists(st.text(max_size=6), min_size=1, max_size=5))
+def test_a_chat_goes_to_the_member_of_its_longest_earlier_turn_never_of_itself(texts: list[str]) -> None:
+    from kotoba_vllm import ChatRequest, Message
+    from kotoba_vllm.capacity._affinity import Affinity
+
+    def chat(n: int) -> ChatRequest:
+        return ChatRequest(messages=tuple(Message(role="user", content=t) for t in texts[:n]))
+    aff = Affinity()
+    for n in range(len(texts), 0, -1):  # the turn of n messages was served by member m<n>
+        aff.remember(chat(n), f"m{n}")
+    whole = len(texts)
+    assert aff.lookup(chat(whole)) == (f"m{whole - 1}" if whole >= 2 else None)

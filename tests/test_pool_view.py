@@ -153,3 +153,71 @@ def test_async_pool_shares_one_probe_round_and_spreads_unmeasured_members() -> N
     assert probes == 2 * len(PROBE_PATHS["vllm"])
     assert all(r.text == "Hello" and r.extras["capacity/enforced?"] is False for r in results)
     assert 0.4 <= posts[a.base_url] / n <= 0.6, posts
+
+
+def test_requests_during_a_slow_round_read_the_previous_round_within_the_bound() -> None:
+    def slow_probes(seen: Seen) -> list[Step]:
+        if seen.method == "GET":
+            return [Sleep(0.4), *reply({"error": "not found"}, 404)]  # unmeasured, slowly
+        return reply(chat_answer("Hello"))
+
+    async def go(urls: list[str]) -> tuple[float, int, int]:
+        async with AsyncPool(urls, backend="vllm", capacity_interval_s=0.05, probe_timeout=1.0) as pool:
+            await pool.chat("first")  # no round yet: it waits for one
+            await asyncio.sleep(0.1)  # now older than the interval, well within interval + probe timeout
+            t = time.perf_counter()
+            r = await pool.chat("second")  # starts the next round and does not wait for it
+            took = time.perf_counter() - t
+            rounds_then = pool.view.rounds
+            await asyncio.sleep(0.6)
+            assert r.text == "Hello"
+            return took, rounds_then, pool.view.rounds
+
+    with FaultServer(slow_probes) as a, FaultServer(slow_probes) as b:
+        took, rounds_then, rounds_after = asyncio.run(asyncio.wait_for(go([a.base_url, b.base_url]), 30))
+    assert took < 0.3, took  # answered from the previous round, not after the 0.4 s probes
+    assert rounds_then == 1 and rounds_after == 2  # the second round ran meanwhile and was recorded
+
+
+def test_the_capacity_interval_comes_from_the_pool_file_and_the_run_flag_wins(tmp_path: Any) -> None:
+    from kotoba_vllm.cli import main
+    from kotoba_vllm.pool import load_pool_config
+
+    reqs = tmp_path / "reqs.edn"
+    reqs.write_text("".join(f'{{:vllm/endpoint :chat :vllm/messages [{{:vllm/role :user :vllm/content "q{i}"}}]}}\n'
+                            for i in range(3)))
+    with FaultServer(_member_script(0.0)) as a, FaultServer(_member_script(0.0)) as b:
+        pool_file = tmp_path / "pool.edn"
+        pool_file.write_text(f'{{:pool/members ["{a.base_url}" "{b.base_url}"] :pool/backend :vllm '
+                             f':pool/capacity-interval-s 60}}')
+        assert load_pool_config(str(pool_file)).capacity_interval_s == 60.0
+
+        def probes_for(*flags: str) -> int:
+            before = sum(1 for s in a.seen + b.seen if s.method == "GET")
+            rc = main(["run", str(reqs), "--pool", str(pool_file), "--concurrency", "1", "--no-progress",
+                       "--output", str(tmp_path / "out.edn"), *flags])
+            assert rc == 0
+            return sum(1 for s in a.seen + b.seen if s.method == "GET") - before
+        one_round = 2 * len(PROBE_PATHS["vllm"])
+        assert probes_for() == one_round  # 60 s from the file: one round for all three requests
+        assert probes_for("--capacity-interval", "0") == 3 * one_round  # the flag wins: a round per request
+
+
+@pytest.mark.parametrize("value", ["-1", "\"0.5\"", "true", "##NaN", "##Inf"])
+def test_a_bad_capacity_interval_in_a_pool_file_names_the_file_and_the_key(tmp_path: Any, value: str) -> None:
+    from kotoba_vllm.pool import load_pool_config
+
+    p = tmp_path / "pool.edn"
+    p.write_text(f'{{:pool/members ["http://a:8000"] :pool/capacity-interval-s {value}}}')
+    with pytest.raises(ValueError, match=r"pool\.edn:1:1: :pool/capacity-interval-s must be a number of seconds"):
+        load_pool_config(str(p))
+
+
+def test_run_refuses_a_negative_capacity_interval(tmp_path: Any, capsys: Any) -> None:
+    from kotoba_vllm.cli import main
+
+    reqs = tmp_path / "reqs.edn"
+    reqs.write_text('{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content "q"}]}\n')
+    assert main(["run", str(reqs), "--base-url", "http://a:1", "--base-url", "http://b:1",
+                 "--capacity-interval", "-1"]) == 2
+    assert "--capacity-interval must be a number of seconds >= 0" in capsys.readouterr().err

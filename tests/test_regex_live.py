@@ -1,4 +1,4 @@
-"""Live, issue 20's Done-when: a real llama-server and the random tiny model, constrained by the
+r"""Live, issue 20's Done-when: a real llama-server and the random tiny model, constrained by the
 grammar we translate from :vllm/guided-regex, answer only strings the regex matches in full.
 
 The random model would babble anything; every output matching is the grammar's doing. Each
@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from kotoba_vllm import Client
+from kotoba_vllm import Client, CompletionRequest, Sampling, validate
 
 pytestmark = pytest.mark.live
 
@@ -56,3 +56,19 @@ def test_every_output_matches_its_regex_in_full(llama_url: str) -> None:
     assert misses == {}
     # the model is not stuck on one answer: seeds give different strings for most regexes
     assert sum(len({outputs[p, s] for s in SEEDS}) > 1 for p in REGEXES) >= len(REGEXES) // 2
+
+
+def test_the_overlong_warning_names_a_real_llamacpp_behaviour(llama_url: str) -> None:
+    """A class mixing UTF-8 lengths is warned about, and the real server shows why; its ASCII
+    spelling is not warned about and never comes back with U+FFFD."""
+    mixed, ascii_only = r"[A-Z]{3}-\d{4}", r"(?a)[A-Z]{3}-\d{4}"
+
+    def warnings(pattern: str) -> list[str]:
+        req = CompletionRequest(prompt="Answer:", sampling=Sampling(guided_regex=pattern, max_tokens=40))
+        return [p.code for p in validate(req, "llamacpp") if not p.is_error]
+
+    assert warnings(mixed) == ["engine/overlong-utf8"] and warnings(ascii_only) == []
+    with Client(llama_url, backend="llamacpp", timeout=60.0) as client:
+        seen = {p: [ask(client, "completion", p, seed) for seed in range(18)] for p in (mixed, ascii_only)}
+    assert any("\ufffd" in text for text in seen[mixed]), seen[mixed]
+    assert all(re.fullmatch(ascii_only, text) for text in seen[ascii_only]), seen[ascii_only]

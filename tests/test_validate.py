@@ -202,3 +202,19 @@ def test_problem_text_names_key_and_engine() -> None:
 def test_completion_request_ranges_too() -> None:
     req = CompletionRequest(prompt="p", sampling=Sampling(max_tokens=0))
     assert errors(req) == [("sampling/range", "vllm/max-tokens", None)]
+
+
+@pytest.mark.parametrize("pattern, warned", [
+    (r"[A-Z]{3}-\d{4}", True),  # Unicode \d: 1-, 2-, 3- and 4-byte digits in one class
+    (r"(?a)[A-Z]{3}-\d{4}", False),
+    (r".{1,5}", True),
+    (r'"[^"]*"', True),  # a wide negated class
+    (r"[0-9a-zà-ÿ]+", False),  # 1- and 2-byte only
+    (r"[ぁ-ゖ]+|é", False),  # each class within one length
+    (r"[\u0800-\U00010000]", True),  # 3- and 4-byte
+])
+def test_llamacpp_warns_where_a_class_spans_utf8_lengths_its_grammar_cannot_police(pattern: str, warned: bool) -> None:
+    warns = [p for p in validate(chat(guided_regex=pattern), "llamacpp") if not p.is_error]
+    assert [(p.code, p.field) for p in warns] == ([("engine/overlong-utf8", "vllm/guided-regex")] if warned else [])
+    assert errors(chat(guided_regex=pattern), "llamacpp") == []  # a warning, never a refusal
+    assert [p for p in validate(chat(guided_regex=pattern), "vllm") if p.code == "engine/overlong-utf8"] == []

@@ -14,14 +14,16 @@ recorded, so `--resume` sends them again; the server may have seen them).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from typing import Any, Awaitable, Callable, Iterable
 
 import attrs
 
-from .._edn import EdnError, Keyword, kw
+from .._edn import EdnError, Keyword, dumps, kw
 from .._errors import ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
+from .._codec import write_edn, write_fields
 from .._model import to_edn
 from .._requests import request_to_edn
 from ._entries import BatchEntry
@@ -30,6 +32,8 @@ from ._output import ExistingOutput, OrderedSink, render_edn
 
 K_INDEX = kw("vllm/request-index")
 K_RID = kw("vllm/request-id")
+_INDEX_KEY = frozenset((K_INDEX,))
+_HEAD_KEYS = frozenset((K_INDEX, K_RID))
 
 
 @attrs.define
@@ -121,6 +125,13 @@ class Recorder:
     def ok(self, e: BatchEntry, resp: Any, deltas: list[Any]) -> list[str]:
         if self.fmt == "jsonl":
             return [output_line(e, result=resp)]
+        if not self.pretty:  # the same text as below, written without building the record's maps
+            head = [":vllm/request-index " + dumps(e.index)]
+            rid = e.request_id
+            if rid is not None:
+                head.append(":vllm/request-id " + dumps(rid))
+            body = write_fields(resp, _HEAD_KEYS if rid is not None else _INDEX_KEY)
+            return [write_edn(d) for d in deltas] + ["{" + " ".join(head + body) + "}"]
         rec = self._head(e)
         rec.update(to_edn(resp))
         rec[K_INDEX] = e.index
@@ -178,12 +189,23 @@ class BatchRunner:
         """What the sender made of `e`: (response, deltas) or a typed error - never an exception,
         except this task's own cancellation (a second stop abandons the request)."""
         task = asyncio.ensure_future(self.send(e))
+        # asyncio.wait((task,), timeout=...) without its per-call sets and coroutine: one future,
+        # woken by the sender finishing or by the deadline, whichever comes first
+        loop = task.get_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        wake = functools.partial(_wake, waiter)
+        task.add_done_callback(wake)
+        timer = loop.call_later(self.deadline_s, wake, None) if self.deadline_s is not None else None
         try:
-            done, _ = await asyncio.wait((task,), timeout=self.deadline_s)
+            await waiter
         except asyncio.CancelledError:
             task.cancel()
             raise
-        if not done:
+        finally:
+            if timer is not None:
+                timer.cancel()
+            task.remove_done_callback(wake)
+        if not task.done():
             task.cancel()
             await asyncio.wait((task,), timeout=CANCEL_GRACE_S)  # a sender that ignores cancel is left behind
             task.add_done_callback(_retrieve)
@@ -274,6 +296,11 @@ class BatchRunner:
         if failures:  # the output itself failed (disk full ...): the run cannot claim its records
             raise failures[0]
         return self.summary
+
+
+def _wake(waiter: "asyncio.Future[None]", _: Any) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _retrieve(task: "asyncio.Future[Any]") -> None:

@@ -46,6 +46,15 @@ def request_keys(request: Any) -> list[str]:
     return []
 
 
+def _earlier_keys(request: Any) -> list[str]:
+    """`request_keys(request)[-2::-1]`: the keys of its strict prefixes, longest first (a one-message
+    chat has none, and hashes nothing)."""
+    messages = getattr(request, "messages", None)
+    if messages:
+        return message_prefix_keys(messages[:-1])[::-1]
+    return request_keys(request)[-2::-1]
+
+
 class Affinity:
     """LRU map from conversation keys to the member URL that served them."""
 
@@ -57,7 +66,9 @@ class Affinity:
     def lookup(self, request: Any, conversation: str | None = None) -> str | None:
         """The member for this conversation id, else for the longest known *earlier* turn: a
         strict prefix of this request. The same request again is independent (it spreads)."""
-        keys = (["c:" + conversation] if conversation else []) + request_keys(request)[-2::-1]
+        keys = (["c:" + conversation] if conversation else []) + _earlier_keys(request)
+        if not keys:
+            return None
         with self._lock:
             for k in keys:
                 member = self._table.get(k)

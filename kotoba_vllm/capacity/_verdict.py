@@ -253,7 +253,7 @@ def merge_pool_capacity(answers: Sequence[CapacityAnswer], at: str | None = None
                         measured_available=avail, measured_busy=busy, unmeasured=unknown, at=at)
 
 
-def _by_endpoint(answers: Mapping[str, CapacityAnswer] | Iterable[CapacityAnswer]) -> dict[str, CapacityAnswer]:
+def answers_by_endpoint(answers: Mapping[str, CapacityAnswer] | Iterable[CapacityAnswer]) -> dict[str, CapacityAnswer]:
     if isinstance(answers, Mapping):
         return {k.rstrip("/"): v for k, v in answers.items()}
     return {a.endpoint.rstrip("/"): a for a in answers}
@@ -264,7 +264,7 @@ def demote_busy_endpoints(endpoints: Sequence[str],
     """Stable partition: measured-busy members go behind, in their own order; every
     other member (available, unmeasured, or without an answer) keeps its order. Nothing
     is sorted, so the leader stays the leader while it has room."""
-    by = _by_endpoint(answers)
+    by = answers_by_endpoint(answers)
 
     def is_busy(e: str) -> bool:
         a = by.get(e.rstrip("/"))
@@ -303,11 +303,20 @@ def admit(endpoints: Sequence[str], answers: Mapping[str, CapacityAnswer] | Iter
        any HTTP answer (else among all unmeasured): admitted, but not enforced.
     4. Else every member is measured busy and none has freed a slot since: refused,
        nothing is sent."""
-    by = _by_endpoint(answers)
-    order = demote_busy_endpoints(endpoints, by)
+    by = answers_by_endpoint(answers)
+    return admit_in_order(demote_busy_endpoints(endpoints, by), by, affinity, inflight=inflight,
+                          freed={e.rstrip("/") for e in freed}, sent=sent)
+
+
+def admit_in_order(order: Sequence[str], by: Mapping[str, CapacityAnswer], affinity: str | None = None, *,
+                   inflight: Mapping[str, int] | None = None, freed: Collection[str] = (),
+                   sent: Mapping[str, int] | None = None) -> Admission:
+    """`admit` for a round already read: `order` is `demote_busy_endpoints`' answer and `by` the
+    answers by endpoint without a trailing slash (a pool computes both once per round, not per
+    request); `freed` holds endpoints without a trailing slash."""
     load = inflight or {}
     total = sent or {}
-    freed_set = {e.rstrip("/") for e in freed}
+    freed_set = freed
 
     def ans(e: str) -> CapacityAnswer | None:
         return by.get(e.rstrip("/"))

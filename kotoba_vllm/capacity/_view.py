@@ -22,8 +22,8 @@ import math
 from typing import Sequence
 
 from .._errors import ConfigError
-from ._answer import PoolCapacity
-from ._verdict import Admission, admit
+from ._answer import CapacityAnswer, PoolCapacity
+from ._verdict import Admission, admit_in_order, answers_by_endpoint, demote_busy_endpoints
 
 DEFAULT_INTERVAL_S = 0.5
 
@@ -40,6 +40,8 @@ class CapacityView:
         self.sent = {m: 0 for m in self.members}
         self._last_done = {m: -math.inf for m in self.members}
         self.rounds = 0
+        # the last round read for a decision, its answers by endpoint and its demoted order (once per round)
+        self._read: tuple[PoolCapacity | None, dict[str, CapacityAnswer], list[str]] = (None, {}, [])
 
     def fresh(self, now: float) -> bool:
         return self.snapshot is not None and now - self.started <= self.interval_s
@@ -63,4 +65,11 @@ class CapacityView:
         return [m for m, t in self._last_done.items() if t > self.started]
 
     def decide(self, cap: PoolCapacity, affinity: str | None) -> Admission:
-        return admit(self.members, cap.members, affinity, inflight=self.inflight, freed=self.freed(), sent=self.sent)
+        read, by, order = self._read
+        if read is not cap:
+            by = answers_by_endpoint(cap.members)
+            order = demote_busy_endpoints(self.members, by)
+            self._read = (cap, by, order)
+        started = self.started
+        freed = {m.rstrip("/") for m, t in self._last_done.items() if t > started}
+        return admit_in_order(order, by, affinity, inflight=self.inflight, freed=freed, sent=self.sent)

@@ -48,7 +48,7 @@ class _Replay(asyncio.Protocol):
             return
         body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
         self.server.sent.append(body)
-        asyncio.get_running_loop().create_task(self._answer())
+        self.server.answering(asyncio.get_running_loop().create_task(self._answer()))
 
     async def _answer(self) -> None:
         c, t = self.server.cassette, self.transport
@@ -82,6 +82,11 @@ class LoopbackReplay:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="cassette-loopback")
         self._server: Any = None
+        self._answers: set[asyncio.Task[None]] = set()  # held so none is collected or left pending at exit
+
+    def answering(self, task: "asyncio.Task[None]") -> None:
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
 
     def __enter__(self) -> "LoopbackReplay":
         self._thread.start()
@@ -94,6 +99,9 @@ class LoopbackReplay:
     def __exit__(self, *exc: Any) -> None:
         async def stop() -> None:
             self._server.close()
+            for task in list(self._answers):  # a client that left mid-stream leaves its answer sleeping
+                task.cancel()
+            await asyncio.gather(*self._answers, return_exceptions=True)
             await self._server.wait_closed()
         try:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)

@@ -26,6 +26,7 @@ from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, Orde
                      iter_entries, journal_path, load_existing)
 from ..dialects import DIALECTS
 from ..local import LlamaServer, LocalServerError
+from ..capacity._view import DEFAULT_INTERVAL_S
 from ..pool import AsyncPool, load_pool_config
 
 DEADLINE_GRACE_S = 1.0
@@ -42,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(--trust-origin). Give it more than once to spread over a pool: then every request "
                         "goes to a pool member and request URLs are ignored")
     p.add_argument("--pool", help="pool spec (EDN) to send through instead of one server")
+    p.add_argument("--capacity-interval", type=float, default=None, metavar="SECONDS",
+                   help="pool only: how long one capacity probe round is read for before the next (default "
+                        f"{DEFAULT_INTERVAL_S:g} s, or the pool file's :pool/capacity-interval-s; 0 probes before "
+                        "every request). Decisions read capacity at most this plus one probe timeout old "
+                        "(docs/pool-admission.md)")
     p.add_argument("--backend", "-b", choices=["auto", *sorted(DIALECTS)], default="auto",
                    help="engine dialect (default: detect from the server's own endpoints)")
     p.add_argument("--api-key", help=f"bearer token (also ${API_KEY_ENV}); never printed; sent only to --base-url, "
@@ -116,6 +122,8 @@ def _make_client(args: argparse.Namespace, urls: list[str]) -> AsyncClient | Asy
     URLs or a pool file are given; both have the same send/stream."""
     kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout}
     if len(urls) > 1 or args.pool:
+        if args.capacity_interval is not None:  # the flag wins over the pool file
+            kwargs["capacity_interval_s"] = args.capacity_interval
         if args.pool:
             try:
                 config = load_pool_config(args.pool)
@@ -159,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.concurrency < 1:
         print("error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    if args.capacity_interval is not None and not 0 <= args.capacity_interval < float("inf"):
+        print("error: --capacity-interval must be a number of seconds >= 0", file=sys.stderr)
         return 2
     if args.file != "-" and not os.path.exists(args.file):
         print(f"error: {args.file}: no such file", file=sys.stderr)

@@ -444,6 +444,40 @@ def regex_to_gbnf(pattern: str) -> str | Untranslatable:
         return Untranslatable("groups nested too deeply")
 
 
+# Pairs of code point spans whose UTF-8 encodings differ in length; llama.cpp's partial-character
+# check lets an overlong sequence through where one class allows characters from both (measured:
+# docs/guided-regex.md, "A llama.cpp quirk with multi-byte characters").
+_OVERLONG_PRONE = (((0x80, 0x7FF), (0x800, 0xFFF)), ((0x800, 0xFFFF), (0x10000, 0x3FFFF)))
+
+
+def _touches(ranges: Ranges, lo: int, hi: int) -> bool:
+    return any(a <= hi and b >= lo for a, b in ranges)
+
+
+def overlong_prone(pattern: str) -> bool:
+    """Whether one character class of `pattern` (`.`, Unicode `\\d`/`\\w`, a wide negated class)
+    spans UTF-8 lengths in a way llama.cpp's grammar cannot keep overlong bytes out of."""
+    if group_depth(pattern) > MAX_GROUP_DEPTH:
+        return False
+    try:
+        tree = parse(pattern)
+    except (_Refused, RecursionError):
+        return False
+    todo: list[Node] = [tree]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, Chars):
+            if any(_touches(n.ranges, *a) and _touches(n.ranges, *b) for a, b in _OVERLONG_PRONE):
+                return True
+        elif isinstance(n, Seq):
+            todo.extend(n.items)
+        elif isinstance(n, Alt):
+            todo.extend(n.options)
+        else:
+            todo.append(n.item)
+    return False
+
+
 def group_depth(pattern: str) -> int:
     """The deepest nesting of `(` in `pattern`, skipping escapes and character classes.
 

@@ -21,7 +21,7 @@ from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, llamacpp_server_timings
 from .openai import ChunkStream, Dialect, int_or_none, schema_json, str_or_none
 from ._http import HttpRequest
-from ._regex_gbnf import Untranslatable, gbnf_literal, regex_to_gbnf
+from ._regex_gbnf import Untranslatable, gbnf_literal, overlong_prone, regex_to_gbnf
 
 LLAMACPP_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                                "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs", "guided_json",
@@ -42,7 +42,15 @@ def choice_grammar(choices: tuple[str, ...]) -> str:
 def regex_problem(pattern: str, engine: str) -> Problem | None:
     """The validation problem for a regex llama.cpp's grammars cannot express exactly, if any."""
     grammar = regex_to_gbnf(pattern)
-    return untranslatable(grammar, engine) if isinstance(grammar, Untranslatable) else None
+    if isinstance(grammar, Untranslatable):
+        return untranslatable(grammar, engine)
+    if overlong_prone(pattern):
+        return Problem("warn", "engine/overlong-utf8",
+                       ":vllm/guided-regex has a class spanning several UTF-8 lengths (`.`, Unicode \\d or \\w, a wide "
+                       f"negated class); {engine} may let a model that emits raw bytes produce an overlong sequence, "
+                       "returned as U+FFFD. Use [0-9], (?a) or a narrower class to rule it out",
+                       field="vllm/guided-regex", engine=engine)
+    return None
 
 
 def untranslatable(why: Untranslatable, engine: str) -> Problem:

@@ -1,0 +1,53 @@
+"""`write_edn` / the batch record writer: the text the generic path (`dumps(to_edn(x))`) writes,
+byte for byte, without building the maps. `dumps` itself is held to the real Clojure reader and to
+edn_format in test_clojure_interop.py / test_edn.py, so equal text reads the same everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import edn_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _strategies import responses, stream_deltas, usages
+from kotoba_vllm._codec import write_edn
+from kotoba_vllm._edn import dumps, kw, read_one
+from kotoba_vllm._model import ChatRequest, EmbeddingResponse, Message, Response, TokenizeResponse, to_edn
+from kotoba_vllm.batch import BatchEntry, Recorder
+
+embeddings = st.builds(EmbeddingResponse, embeddings=st.lists(st.lists(st.floats(-1e3, 1e3), max_size=3)
+                                                              .map(tuple), max_size=2).map(tuple),
+                       model=st.none() | st.text(max_size=8), usage=st.none() | usages,
+                       request_id=st.none() | st.integers(0, 9))
+tokens = st.builds(TokenizeResponse, tokens=st.lists(st.integers(0, 10**6), max_size=5).map(tuple))
+
+
+@settings(max_examples=300)
+@given(st.one_of(responses, stream_deltas, embeddings, tokens))
+def test_write_edn_is_the_generic_text_byte_for_byte(value: Any) -> None:
+    assert write_edn(value) == dumps(to_edn(value))
+
+
+def _generic_record(e: BatchEntry, resp: Any) -> str:
+    """What Recorder.ok wrote before it had a direct writer: the record as maps, then dumps."""
+    rec: dict[Any, Any] = {kw("vllm/request-index"): e.index}
+    if e.request_id is not None:
+        rec[kw("vllm/request-id")] = e.request_id
+    rec.update(to_edn(resp))
+    rec[kw("vllm/request-index")] = e.index
+    if e.request_id is not None:
+        rec[kw("vllm/request-id")] = e.request_id
+    return dumps(rec)
+
+
+@settings(max_examples=300)
+@given(responses, st.lists(stream_deltas, max_size=3), st.integers(0, 10**6),
+       st.none() | st.text(max_size=8) | st.integers(0, 99))
+def test_a_batch_record_is_the_generic_text_and_reads_back_in_both_readers(
+        resp: Response, deltas: list[Any], index: int, request_id: Any) -> None:
+    req = ChatRequest(messages=(Message(role="user", content="hi"),), request_id=request_id)
+    e = BatchEntry(index, "f.edn:1:1", req)
+    lines = Recorder("edn").ok(e, resp, deltas)
+    assert lines == [dumps(to_edn(d)) for d in deltas] + [_generic_record(e, resp)]
+    assert edn_format.loads(lines[-1]) == read_one(lines[-1])  # edn_format reads what we read
