@@ -83,8 +83,7 @@ class TreeCpu:
             try:
                 t = p.cpu_times()
                 out[p.pid] = t.user + t.system
-                if p.pid not in self.kinds:
-                    self.kinds[p.pid] = self._kind(p)
+                self.kinds[p.pid] = self._kind(p)  # again each time: a worker's title changes with its job
             except psutil.Error:
                 continue
         return out
@@ -131,18 +130,18 @@ def _measured_stage() -> Any:
     from kotoba_vllm.ray import RequestStage
 
     class MeasuredStage(RequestStage):
-        """Writes down the actor's own CPU spent in batches (its Ray core-worker threads included)."""
+        """Writes down the actor process's CPU (every thread: the client's loop, Ray's core worker)
+        from the end of its constructor to the end of its latest batch. Ray runs several batches of
+        one actor at once, so timing each call would count the overlap twice."""
 
         def __init__(self, *, cpu_dir: str, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            self.cpu_dir, self.cpu = cpu_dir, 0.0
+            self.cpu_dir, self.base = cpu_dir, time.process_time()
 
         def __call__(self, batch: Any) -> Any:
-            t = time.process_time()
             out = super().__call__(batch)
-            self.cpu += time.process_time() - t
             with open(os.path.join(self.cpu_dir, f"{os.getpid()}.json"), "w") as fh:
-                json.dump(self.cpu, fh)
+                json.dump(time.process_time() - self.base, fh)
             return out
 
     return MeasuredStage
