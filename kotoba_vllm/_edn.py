@@ -387,6 +387,7 @@ class _Reader:
         starts: list[int] = []
         keyed = opener == "{" or opener == "#{"  # only maps and sets locate their elements
         known = _KW_READ
+        v: Any
         for m in self.tokens:
             kind = m.lastgroup
             if kind == "ws":
