@@ -385,18 +385,33 @@ class _Reader:
         closer = _CLOSERS[opener]
         items: list[Any] = []
         starts: list[int] = []
-        while True:
-            m = self.next()
-            if m is None:
-                raise self.fail(f"'{opener}' is never closed", pos)
-            if m.lastgroup == "close":
+        keyed = opener == "{" or opener == "#{"  # only maps and sets locate their elements
+        known = _KW_READ
+        v: Any
+        for m in self.tokens:
+            kind = m.lastgroup
+            if kind == "ws":
+                continue
+            # the two commonest tokens inline: a keyword already checked, a string without escapes
+            if kind == "atom":
+                v = known.get(m.group())
+                if v is None:
+                    v = self.atom(m.group(), m.start())
+            elif kind == "str" and "\\" not in (tok := m.group()):
+                v = tok[1:-1]
+            elif kind == "close":
                 if m.group() != closer:
                     raise self.fail(f"expected '{closer}' to close '{opener}', found '{m.group()}'", m.start())
                 break
-            v = self.read(m)
-            if v is not _DISCARDED:
-                items.append(v)
+            else:
+                v = self.read(m)
+                if v is _DISCARDED:
+                    continue
+            items.append(v)
+            if keyed:
                 starts.append(m.start())
+        else:
+            raise self.fail(f"'{opener}' is never closed", pos)
         if opener == "[":
             return items
         if opener == "(":
