@@ -274,3 +274,55 @@ def test_edn_input_streams_and_edn_output_holds_the_records_run_writes(cluster: 
         assert f"{src}:{i + 3}:3" in ray_lines[i]
     for r, p in zip(ray_lines, plain_lines):  # answers: the same record shape
         assert set(read_one(r)) == set(read_one(p))
+
+
+def _kill_a_request_actor_at_a_random_moment(out: str, delay: float, log: dict[str, Any]) -> None:
+    """SIGKILL one request actor's process `delay` seconds after the first request was logged as sent:
+    wherever that lands (mid-request, between blocks, while writing its intent log, or after the last
+    answer), nothing the test checks may depend on it."""
+    import psutil
+    deadline = time.monotonic() + 60
+    intent = os.path.join(out, ".intent")
+    while not (os.path.isdir(intent) and os.listdir(intent)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(delay)
+    for p in psutil.process_iter(["cmdline"]):
+        if any("MapWorker" in part for part in p.info["cmdline"] or ()):
+            p.send_signal(9)
+            log["killed"] = p.pid
+            return
+
+
+def test_a_worker_killed_at_a_random_moment_leaves_one_record_per_input_and_flags_explain_the_counters(
+        cluster: Any, servers: list[Any], tmp_path: Any) -> None:
+    import random
+
+    from kotoba_vllm.pool import PoolConfig
+    from kotoba_vllm.ray._driver import run_pipeline
+
+    seed = random.randrange(1 << 30)
+    delay = random.Random(seed).uniform(0.0, 3.0)
+    n, max_tokens = 160, 2
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"custom_id": f"k{i}", "method": "POST", "url": "/v1/chat/completions",
+                                       "body": {"model": "tiny", "max_tokens": max_tokens, "temperature": 0.0,
+                                                "messages": [{"role": "user", "content": f"say {i % 30}"}]}})
+                           + "\n" for i in range(n)))
+    out = str(tmp_path / "out")
+    log: dict[str, Any] = {}
+    killer = threading.Thread(target=_kill_a_request_actor_at_a_random_moment, args=(out, delay, log), daemon=True)
+    before = sum(_metric(s.base_url) for s in servers)
+    killer.start()
+    stats = run_pipeline(str(src), out, pool=PoolConfig(tuple(s.base_url for s in servers), "llamacpp", 1.0),
+                         block_rows=20, actors=2, actor_cpus=0.25, concurrency=4, timeout=30)
+    killer.join(timeout=60)
+    note = f"seed {seed}, kill after {delay:.2f} s, killed pid {log.get('killed')}"
+    rows = _rows(out)
+    assert sorted(r["request_index"] for r in rows) == list(range(n)), note
+    assert stats["rows"] == n and all(r["ok"] for r in rows), note
+    # The server counted every recorded answer, and at most one earlier execution of each flagged record
+    # (that first execution may have been cut short by the kill, so up to max_tokens more each).
+    served = sum(_metric(s.base_url) for s in servers) - before
+    recorded = sum(r["completion_tokens"] for r in rows)
+    flagged = sum(1 for r in rows if r["maybe_sent_twice"])
+    assert recorded <= served <= recorded + flagged * max_tokens, (served, recorded, flagged, note)

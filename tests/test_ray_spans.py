@@ -119,3 +119,18 @@ def test_jsonl_spans_hold_every_non_blank_line_with_its_number(
     physical = text.encode("utf-8").splitlines()  # what a line is: \n or \r\n, as the planner reads bytes
     want = [(raw.decode("utf-8"), f"{path}:{n}:1") for n, raw in enumerate(physical, 1) if raw.strip()]
     assert [(t, w) for _, t, w in rows] == want
+
+
+def test_resume_gives_each_read_task_only_its_share_and_no_task_to_a_finished_span(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("ray.data")
+    from kotoba_vllm.ray import request_datasource
+
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(f'{{"custom_id": "r{i}"}}\n' for i in range(10)))
+    done = np.array([0, 1, 2, 3, 5, 9], dtype=np.int64)  # what part files already hold
+    tasks = request_datasource(str(path), block_rows=4, skip=done).get_read_tasks(1)
+    assert len(tasks) == 2  # indices 0-3 are all done: no task reads them
+    tables = [t for task in tasks for t in task()]
+    assert [i for t in tables for i in t.column("request_index").to_pylist()] == [4, 6, 7, 8]
+    assert [w for t in tables for w in t.column("where").to_pylist()] == [f"{path}:{n}:1" for n in (5, 7, 8, 9)]
