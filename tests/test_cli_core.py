@@ -195,3 +195,18 @@ def test_validate_streams_and_still_names_the_place(tmp_path: Path, capsys: pyte
     [rec] = read_all(out)
     assert code == 1 and rec[kw("vllm/where")] == f"{f}:3002:2" and rec[kw("vllm/request-index")] == 3000
     assert err.startswith(f"error: {f}:3004:1:")
+
+
+def test_a_command_loads_only_its_own_module(tmp_path: Path) -> None:
+    """`run` no longer pays for importing every other command (Ray planning, benchmarks, recording:
+    ~0.1 s, most of a small batch's start-up); `--help` still lists them all."""
+    code = ("import sys; from kotoba_vllm.cli import COMMANDS, main; rc = main(['run', sys.argv[1]]); "
+            "print(rc, sorted(m for m in COMMANDS.values() if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "absent.edn")], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split(" ", 1)[0] == "2" and "no such file" in r.stderr  # the run itself answered
+    assert r.stdout.strip().endswith("['kotoba_vllm.cli.run']"), r.stdout
+    help_text = subprocess.run([sys.executable, "-m", "kotoba_vllm", "--help"], capture_output=True, text=True,
+                               cwd=ROOT, timeout=120).stdout
+    assert all(name in help_text for name in ("render", "validate", "run", "capacity", "plan", "bench"))
