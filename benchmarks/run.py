@@ -37,7 +37,7 @@ from kotoba_vllm._edn import kw, pretty  # noqa: E402
 class Sizes:
     def __init__(self, quick: bool, smoke: bool = False) -> None:
         self.latency_n = 100 if quick else 300
-        self.cpu_rounds, self.cpu_block = (4, 25) if quick else (10, 50)
+        self.cpu_rounds, self.cpu_block = (4, 25) if quick else (30, 100)  # 3,000 calls: 500 swung ±10%
         self.stream_rounds, self.stream_chunks = (2, 1000) if quick else (4, 1000)
         self.concs = (1, 16, 64, 256)
         self.conc_n = {1: 100, 16: 600, 64: 600, 256: 600} if quick else {1: 300, 16: 3000, 64: 3000, 256: 3000}
@@ -77,7 +77,7 @@ def sync_rows(base_url: str, server: str, s: Sizes, backend: str, model: str, st
         chunk = m.cpu_us(c.stream, s.stream_rounds, 1, units=lambda n: n)
         rows = [row("a. latency, small chat (median)", server, "ms", lat, (("httpx", 1.1),),
                     f"n={latency_n} each, interleaved"),
-                row("b. client CPU per request", server, "us", cpu, (("httpx", 1.2), ("openai", 0.5)),
+                row("b. client CPU per request", server, "us", cpu, (("httpx", 1.1), ("openai", 0.5)),
                     f"{s.cpu_rounds}x{s.cpu_block} interleaved"),
                 row("c. client CPU per streamed chunk", server, "us", chunk, (("httpx", 1.2), ("openai", 0.5)),
                     f"{stream_tokens}-chunk streams; httpx = iter_lines + json.loads")]
