@@ -82,6 +82,26 @@ def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
     value is a ValidationError and nothing is sent."""
     if not kwargs:
         return None
+    key: Any = None
+    if all(type(v) in _SCALARS for v in kwargs.values()):  # keyed by type too: True == 1 == 1.0 in Python
+        key = tuple((k, type(v), v) for k, v in kwargs.items())
+        cached = _SAMPLING_SEEN.get(key)
+        if cached is not None:
+            return cached
+    sampling = _structure_sampling(kwargs)
+    if key is not None:
+        if len(_SAMPLING_SEEN) >= 256:
+            _SAMPLING_SEEN.clear()
+        _SAMPLING_SEEN[key] = sampling
+    return sampling
+
+
+# Batch callers repeat the same few keyword sets; Sampling is frozen, so one checked instance serves them all.
+_SAMPLING_SEEN: dict[Any, Sampling] = {}
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _structure_sampling(kwargs: Mapping[str, Any]) -> Sampling:
     unknown = [k for k in kwargs if k not in _SAMPLING_KEYS]
     if unknown:
         raise ValidationError([Problem("error", "sampling/unknown", f"unknown sampling argument {k!r}", field=k)

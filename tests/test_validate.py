@@ -218,3 +218,17 @@ def test_llamacpp_warns_where_a_class_spans_utf8_lengths_its_grammar_cannot_poli
     assert [(p.code, p.field) for p in warns] == ([("engine/overlong-utf8", "vllm/guided-regex")] if warned else [])
     assert errors(chat(guided_regex=pattern), "llamacpp") == []  # a warning, never a refusal
     assert [p for p in validate(chat(guided_regex=pattern), "vllm") if p.code == "engine/overlong-utf8"] == []
+
+
+def test_repeated_sampling_keywords_are_checked_by_type_every_time() -> None:
+    """The kwargs -> Sampling cache must not let `True` or `4.0` ride on an earlier `1` or `4`."""
+    from kotoba_vllm import ValidationError
+    from kotoba_vllm._base_client import sampling_from_kwargs
+
+    first = sampling_from_kwargs({"max_tokens": 4, "temperature": 1})
+    assert first is not None and sampling_from_kwargs({"max_tokens": 4, "temperature": 1}) is first
+    for bad in ({"max_tokens": 4.0, "temperature": 1}, {"max_tokens": True, "temperature": 1}):
+        with pytest.raises(ValidationError):
+            sampling_from_kwargs(bad)
+    stops = sampling_from_kwargs({"stop": ["a", "b"]})
+    assert stops is not None and stops.stop == ("a", "b")
