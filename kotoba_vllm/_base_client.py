@@ -27,7 +27,7 @@ from ._requests import request_from_edn
 from ._resend import AttemptEvidence
 from ._resend import may_resend as evidence_allows_resend
 from ._timings import ClientClock
-from ._validate import validate
+from ._validate import send_problems
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
 from .dialects._http import decode_json, stream_error
 
@@ -487,7 +487,7 @@ class BaseClient:
         return self._detected.get(base)
 
     def _plan(self, req: Request, backend: str) -> Plan:
-        problems = validate(req, backend)
+        problems = send_problems(req, backend)
         if any(p.is_error for p in problems):
             raise ValidationError(problems, endpoint=self._base_for(req))
         dialect = get_dialect(backend)

@@ -70,3 +70,31 @@ def validate(req: Request, backend: str | None = None) -> list[Problem]:
     if backend is not None and backend != "auto":
         out.extend(get_dialect(backend).problems(req))
     return out
+
+
+# Requests whose engine-independent checks already ran (a batch reads and checks each request before
+# sending it): sending checks only the engine's support, not the same ranges twice. Keyed by identity
+# and holding the request, so an id cannot be reused while it is here; bounded, since a request that
+# is never sent (--resume skips it, a stop) is never taken out.
+_CHECKED: dict[int, Request] = {}
+_CHECKED_MAX = 4096
+
+
+def mark_checked(req: Request) -> None:
+    """Note that `request_problems(req)` found no error, so sending `req` need not run it again."""
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()  # forgetting only costs a second check
+    _CHECKED[id(req)] = req
+
+
+def send_problems(req: Request, backend: str) -> list[Problem]:
+    """What `validate(req, backend)` says, for a request about to be sent: when `req` was marked checked
+    and the engine finds no error either, there is nothing to report (warnings do not stop a send)."""
+    if _CHECKED.pop(id(req), None) is not req:
+        return validate(req, backend)
+    if backend == "auto":
+        return []
+    engine = get_dialect(backend).problems(req)
+    if any(p.is_error for p in engine):
+        return validate(req, backend)  # the refusal lists every problem, exactly as an unmarked request's
+    return []

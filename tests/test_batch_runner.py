@@ -218,3 +218,17 @@ def test_stream_deltas_are_written_just_before_their_result(tmp_path: Path) -> N
     for i in range(6):
         assert [f.get(kw("vllm/delta")) for f in forms[3 * i:3 * i + 2]] == [f"d{i}-0", f"d{i}-1"]
         assert forms[3 * i + 2][K_INDEX] == i
+
+
+def test_an_engine_refusal_at_send_still_lists_every_problem_read_time_found(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Reading checks ranges once and sending checks only the engine; a refusal must still list both.
+    stops = " ".join(f'"s{i}"' for i in range(17))  # a warning at read, not an error
+    path = tmp_path / "in.edn"
+    path.write_text('{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content "q"}] '
+                    ':vllm/sampling {:vllm/n 2 :vllm/stop [%s]}}\n' % stops, encoding="utf-8")
+    code = main(["run", str(path), "--base-url", "http://127.0.0.1:9", "--backend", "llamacpp", "--no-progress"])
+    records = read_all(capsys.readouterr().out)
+    assert code == 1 and records[0][K_ERROR] == kw("validation")
+    codes = [p[kw("vllm/code")] for p in records[0][kw("vllm/problems")]]
+    assert codes == [kw("sampling/stop"), kw("engine/unsupported")]

@@ -9,7 +9,7 @@ from .._edn import EdnError, Form
 from .._errors import InternalError
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
-from .._validate import request_problems
+from .._validate import mark_checked, request_problems
 from ._edn_stream import FormStream
 from ._entry import BatchEntry
 from ._jsonl import iter_jsonl_entries
@@ -41,6 +41,8 @@ def entry_from_form(index: int, f: Form) -> BatchEntry:
         req, problems = request_from_edn(f.value, f)
         if req is not None:  # engine-independent checks now, so their problems name the key's line
             problems = problems + locate_problems(request_problems(req), f)
+            if not any(p.is_error for p in problems):
+                mark_checked(req)  # sending it checks only what the engine supports
     except Exception as exc:  # a reader bug costs this form its request, never the run its records
         msg = InternalError.from_exception(exc, during="while reading this request").message
         return BatchEntry(index, f.where, None, (Problem("error", "request/internal", msg, where=f.where),))

@@ -156,7 +156,12 @@ class BatchRunner:
         self.progress = progress
         self.summary = BatchSummary()
         self._stop = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # senders running, deadline not passed
+        self._expiring: dict[asyncio.Task[Any], tuple[BatchEntry, asyncio.Semaphore, asyncio.TimerHandle]] = {}
+        self._pending = 0  # requests started and not yet recorded or abandoned
+        self._idle: asyncio.Future[None] | None = None
+        self._failures: list[Exception] = []
+        self._abandoning = False
         self._stops = 0
 
     def stop(self) -> None:
@@ -166,8 +171,7 @@ class BatchRunner:
         self._stop.set()
         self.sink.wake()
         if self._stops >= 2:
-            for t in list(self._tasks):
-                t.cancel()
+            self._abandon()
 
     @property
     def stopping(self) -> bool:
@@ -176,7 +180,7 @@ class BatchRunner:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        return len(self._tasks) + len(self._expiring)
 
     def _record(self, index: int, lines: list[str], outcome: str, *, journaled: bool = False) -> None:
         self.sink.put(index, lines, journaled=journaled)
@@ -185,40 +189,89 @@ class BatchRunner:
         if self.progress is not None:
             self.progress.update(1)
 
-    async def _answer(self, e: BatchEntry) -> Outcome:
-        """What the sender made of `e`: (response, deltas) or a typed error - never an exception,
-        except this task's own cancellation (a second stop abandons the request)."""
-        task = asyncio.ensure_future(self.send(e))
-        # asyncio.wait((task,), timeout=...) without its per-call sets and coroutine: one future,
-        # woken by the sender finishing or by the deadline, whichever comes first
-        loop = task.get_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        wake = functools.partial(_wake, waiter)
-        task.add_done_callback(wake)
-        timer = loop.call_later(self.deadline_s, wake, None) if self.deadline_s is not None else None
+    # One task per request, the sender's own: its record is made by a callback when it settles, or when
+    # its deadline passes first (cancelled, given CANCEL_GRACE_S to unwind, then recorded as a timeout).
+    # A second task per request to watch the first cost as much CPU as the rest of the runner.
+
+    def _start(self, e: BatchEntry, sem: asyncio.Semaphore) -> None:
+        self._pending += 1
         try:
-            await waiter
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
+            task = asyncio.ensure_future(self.send(e))
+        except Exception as exc:  # a sender that fails before it returns an awaitable
+            self._finish(e, InternalError.from_exception(exc), sem)
+            return
+        timer = (task.get_loop().call_later(self.deadline_s, self._expire, e, task, sem)
+                 if self.deadline_s is not None else None)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._settled, e, sem, timer))
+
+    def _settled(self, e: BatchEntry, sem: asyncio.Semaphore, timer: asyncio.TimerHandle | None,
+                 task: "asyncio.Task[Any]") -> None:
+        if task in self._expiring:  # past its deadline, unwound within the grace: a timeout all the same
+            self._expired(task)
+            return
+        if task not in self._tasks:  # left behind after its grace: its record is made
+            _retrieve(task)
+            return
+        self._tasks.discard(task)
+        if timer is not None:
+            timer.cancel()
+        if self._abandoning:  # a second stop: not recorded, even if it answered; --resume sends it again
+            _retrieve(task)
+            self.summary.abandoned += 1
+            self._release(sem)
+            return
+        self._finish(e, _outcome(task), sem)
+
+    def _expire(self, e: BatchEntry, task: "asyncio.Task[Any]", sem: asyncio.Semaphore) -> None:
+        if task.done():  # answered just in time: its settled callback is already queued
+            return
+        self._tasks.discard(task)
+        task.cancel()
+        grace = task.get_loop().call_later(CANCEL_GRACE_S, self._expired, task)
+        self._expiring[task] = (e, sem, grace)
+
+    def _expired(self, task: "asyncio.Task[Any]") -> None:
+        """Record the timeout of a sender cancelled at its deadline: it unwound, or its grace ran out
+        (then it is left behind, a sender that ignores cancel)."""
+        held = self._expiring.pop(task, None)
+        if held is None:
+            return
+        e, sem, grace = held
+        grace.cancel()
+        if task.done():
+            _retrieve(task)
+        endpoint = e.request.base_url if e.request is not None else None
+        self._finish(e, RequestTimeout(f"no answer within {self.deadline_s} s (the whole request); cancelled",
+                                       phase="total", limit_s=self.deadline_s, endpoint=endpoint), sem)
+
+    def _finish(self, e: BatchEntry, outcome: Outcome, sem: asyncio.Semaphore) -> None:
+        try:
+            if isinstance(outcome, ValidationError):
+                self.summary.sent -= 1  # refused by validation before any byte went out
+            lines, kind = self._lines(e, outcome)
+            self._record(e.index, lines, kind)
+        except Exception as exc:  # the output itself failed: `run` raises it once every request settled
+            self._failures.append(exc)
         finally:
-            if timer is not None:
-                timer.cancel()
-            task.remove_done_callback(wake)
-        if not task.done():
-            task.cancel()
-            await asyncio.wait((task,), timeout=CANCEL_GRACE_S)  # a sender that ignores cancel is left behind
-            task.add_done_callback(_retrieve)
-            endpoint = e.request.base_url if e.request is not None else None
-            return RequestTimeout(f"no answer within {self.deadline_s} s (the whole request); cancelled",
-                                  phase="total", limit_s=self.deadline_s, endpoint=endpoint)
-        if task.cancelled():
-            return InternalError("CancelledError: the request was cancelled before it answered",
-                                 exception_type="CancelledError")
-        exc = task.exception()
-        if exc is None:
-            return task.result()
-        return exc if isinstance(exc, KotobaError) else InternalError.from_exception(exc)
+            self._release(sem)
+
+    def _release(self, sem: asyncio.Semaphore) -> None:
+        sem.release()
+        self._pending -= 1
+        if self._pending == 0 and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    def _abandon(self) -> None:
+        """Every request in flight is given up: not recorded, so --resume sends it again."""
+        self._abandoning = True
+        for t in list(self._tasks):
+            t.cancel()
+        for task, (_, sem, grace) in list(self._expiring.items()):
+            del self._expiring[task]
+            grace.cancel()
+            self.summary.abandoned += 1
+            self._release(sem)
 
     def _lines(self, e: BatchEntry, outcome: Outcome) -> tuple[list[str], str]:
         """The record's text and its outcome; a record that cannot be rendered is an :internal one."""
@@ -232,19 +285,6 @@ class BatchRunner:
             err = InternalError.from_exception(exc, during="while writing the record")
             lines, kind = self.recorder.failed(attrs.evolve(e, request=None), err), err.kind
         return [_writable(line) for line in lines], kind
-
-    async def _one(self, e: BatchEntry, sem: asyncio.Semaphore) -> None:
-        try:
-            outcome = await self._answer(e)
-            if isinstance(outcome, ValidationError):
-                self.summary.sent -= 1  # refused by validation before any byte went out
-            lines, kind = self._lines(e, outcome)
-            self._record(e.index, lines, kind)
-        except asyncio.CancelledError:
-            self.summary.abandoned += 1
-            raise
-        finally:
-            sem.release()
 
     async def run(self, entries: Iterable[BatchEntry]) -> BatchSummary:
         started = time.perf_counter()
@@ -275,9 +315,7 @@ class BatchRunner:
                     self.summary.stopped_at = e.index
                     break
                 self.summary.sent += 1
-                task = asyncio.ensure_future(self._one(e, sem))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._start(e, sem)
                 # No yield here while slots are free: yielding once per entry fed one request per event-loop
                 # turn, so at high concurrency the window drained to ~20 in flight. `sem.acquire()` waits.
         except EdnError as err:  # the input stopped reading as a whole (e.g. an unclosed vector)
@@ -287,10 +325,14 @@ class BatchRunner:
             self.summary.input_error = str(InternalError.from_exception(err, during="while reading the input"))
             self._stop.set()
         finally:
-            failures: list[BaseException] = []
-            if self._tasks:
-                results = await asyncio.gather(*list(self._tasks), return_exceptions=True)
-                failures = [r for r in results if isinstance(r, Exception)]
+            try:
+                while self._pending:
+                    self._idle = asyncio.get_running_loop().create_future()
+                    await self._idle
+            except asyncio.CancelledError:  # the run itself is cancelled: what is in flight is abandoned
+                self._abandon()
+                raise
+            failures = self._failures
             self.sink.close(keep_journal=bool(ex.journal))
             self.summary.elapsed_s = time.perf_counter() - started
         if failures:  # the output itself failed (disk full ...): the run cannot claim its records
@@ -298,9 +340,15 @@ class BatchRunner:
         return self.summary
 
 
-def _wake(waiter: "asyncio.Future[None]", _: Any) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+def _outcome(task: "asyncio.Task[Any]") -> Outcome:
+    """What a settled sender made of its entry: (response, deltas) or a typed error, never an exception."""
+    if task.cancelled():
+        return InternalError("CancelledError: the request was cancelled before it answered",
+                             exception_type="CancelledError")
+    exc = task.exception()
+    if exc is None:
+        return task.result()
+    return exc if isinstance(exc, KotobaError) else InternalError.from_exception(exc)
 
 
 def _retrieve(task: "asyncio.Future[Any]") -> None:
