@@ -348,7 +348,8 @@ def extras_field(namespaces: tuple[str, ...]) -> Any:
 
 
 class _Spec:
-    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required", "always", "writers", "default_texts")
+    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required", "always", "writers", "default_texts",
+                 "_writers_without")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -370,12 +371,23 @@ class _Spec:
         # (attribute, key, "key " text, codec, written when nil) for `write_edn`
         self.writers: list[tuple[str, Keyword, str, Codec, bool]] = [
             (name, k, dumps(k) + " ", codec, name in self.always) for name, k, codec in self.fields]
+        self._writers_without: dict[frozenset[Keyword], list[tuple[str, Keyword, str, Codec, bool]]] = {}
         # attribute -> (its default object, that object's text), for defaults that are registered frozen values
         self.default_texts: dict[str, tuple[Any, str]] = {}
         for a in attrs.fields(cls):
             d = a.default
             if "edn" in a.metadata and type(d) in _REGISTERED and _frozen(d):
                 self.default_texts[a.name] = (d, write_edn(d))
+
+    def writers_without(self, skip: AbstractSet[Keyword]) -> list[tuple[str, Keyword, str, Codec, bool]]:
+        """`writers` less the keys in `skip`: each record skips the same keys, so filter once, not per field."""
+        if not skip:
+            return self.writers
+        key = skip if isinstance(skip, frozenset) else frozenset(skip)
+        out = self._writers_without.get(key)
+        if out is None:
+            out = self._writers_without[key] = [w for w in self.writers if w[1] not in key]
+        return out
 
 
 _SPECS: dict[type, _Spec] = {}
@@ -468,7 +480,7 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
         return _entries_of(_unstructure(obj), skip)
     parts: list[str] = []
     defaults = spec.default_texts
-    for name, k, key_text, codec, always in spec.writers:
+    for name, k, key_text, codec, always in spec.writers_without(skip):
         v = getattr(obj, name)
         if v is None:
             text = None
@@ -479,8 +491,7 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
             if not always:
                 continue
             text = "nil"
-        if not skip or k not in skip:
-            parts.append(key_text + text)
+        parts.append(key_text + text)
     if extras:
         for name, x in extras.items():
             k = kw(name)
