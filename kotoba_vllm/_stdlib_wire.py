@@ -170,15 +170,22 @@ class StdlibAnswer:
     """An http.client response under httpx.Response's names; a body read to its end returns the
     connection to the pool, one closed early closes the connection."""
 
-    __slots__ = ("_r", "_conn", "_wire", "status_code", "headers", "_content", "_decoder", "is_closed")
+    __slots__ = ("_r", "_conn", "_wire", "status_code", "_headers", "_content", "_decoder", "is_closed")
 
     def __init__(self, r: http.client.HTTPResponse, conn: _Connection, wire: "StdlibWire") -> None:
         self._r, self._conn, self._wire = r, conn, wire
         self.status_code = r.status
-        self.headers = _headers(r.msg)
+        self._headers: _Headers | None = None
         self._content: bytes | None = None
-        self._decoder = _decoder(self.headers.get("content-encoding"))
+        self._decoder = _decoder(r.msg.get("content-encoding"))
         self.is_closed = False
+
+    @property
+    def headers(self) -> _Headers:
+        # built when asked (an error answer, a stream's content type): most answers never are
+        if self._headers is None:
+            self._headers = _headers(self._r.msg)
+        return self._headers
 
     @property
     def content(self) -> bytes:
