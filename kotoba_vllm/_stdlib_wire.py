@@ -80,8 +80,9 @@ class _Shim:
 class _Connection(http.client.HTTPConnection):
     """One kept-alive connection; `uses` requests carried, `bytes_in` bytes received."""
 
-    def __init__(self, host: str, port: int, timeout: float | None) -> None:
+    def __init__(self, key: tuple[bool, str, int], host: str, port: int, timeout: float | None) -> None:
         super().__init__(host, port, timeout=timeout)
+        self.key = key  # the origin's idle list it goes back to
         self.bytes_in = 0
         self.uses = 0
         self.idle_since = 0.0
@@ -94,8 +95,9 @@ class _Connection(http.client.HTTPConnection):
 
 
 class _TlsConnection(_Connection):
-    def __init__(self, host: str, port: int, timeout: float | None, context: ssl.SSLContext) -> None:
-        super().__init__(host, port, timeout)
+    def __init__(self, key: tuple[bool, str, int], host: str, port: int, timeout: float | None,
+                 context: ssl.SSLContext) -> None:
+        super().__init__(key, host, port, timeout)
         self._context = context
 
     def connect(self) -> None:
@@ -135,6 +137,8 @@ def _as_httpx(e: BaseException, phase: str) -> httpx.HTTPError:
         return httpx.RemoteProtocolError("Server disconnected without sending a response.")
     if isinstance(e, http.client.IncompleteRead):
         return httpx.RemoteProtocolError(f"incomplete body: {msg}")
+    if phase == "write" and isinstance(e, ValueError):  # a header value http.client refuses to write
+        return httpx.LocalProtocolError(msg)
     if isinstance(e, (http.client.HTTPException, ValueError, zlib.error)):  # bytes that are not HTTP
         return httpx.RemoteProtocolError(msg)
     if phase == "write":
@@ -328,15 +332,15 @@ class StdlibWire:
         if reusable and conn.sock is not None and not self.is_closed:
             conn.idle_since = time.monotonic()
             with self._lock:
-                idle = self._idle.setdefault((isinstance(conn, _TlsConnection), conn.host, conn.port), [])
+                idle = self._idle.setdefault(conn.key, [])
                 if len(idle) < self._keepalive:
                     idle.append(conn)
                     return
         conn.close()
 
     def _connect(self, o: _Origin, timeout: httpx.Timeout) -> _Connection:
-        conn = (_TlsConnection(o.host, o.port, timeout.connect, self._context()) if o.tls
-                else _Connection(o.host, o.port, timeout.connect))
+        conn = (_TlsConnection(o.key, o.host, o.port, timeout.connect, self._context()) if o.tls
+                else _Connection(o.key, o.host, o.port, timeout.connect))
         try:
             conn.connect()
         except WIRE_ERRORS as e:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import pathlib
+import socket
+import ssl
 import threading
 import time
 import zlib
@@ -314,3 +317,73 @@ def test_one_client_shared_by_threads() -> None:
     assert not errors, errors[:3]
     assert results == ["Hello"] * (threads * per)
     assert requests == threads * per and conns <= threads and c.resends == 0
+
+
+# ------------------------------------------------------------------ TLS
+
+
+TLS_DIR = pathlib.Path(__file__).parent / "tls"  # a self-signed certificate for 127.0.0.1 (tests only)
+
+
+class TlsServer:
+    """A minimal HTTPS/1.1 server on loopback answering every request with a chat answer."""
+
+    def __init__(self) -> None:
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(TLS_DIR / "localhost-cert.pem", TLS_DIR / "localhost-key.pem")
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"https://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = self.requests = 0
+
+    def __enter__(self) -> "TlsServer":
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(raw,), daemon=True).start()
+
+    def _handle(self, raw: socket.socket) -> None:
+        try:
+            conn = self.ctx.wrap_socket(raw, server_side=True)
+        except OSError:  # the client refused our certificate
+            raw.close()
+            return
+        self.connections += 1
+        body = json.dumps(chat_answer("Hello")).encode()
+        with conn, conn.makefile("rb") as f:
+            while f.readline():
+                length = 0
+                while (line := f.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                f.read(length)
+                self.requests += 1
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                             % len(body) + body)
+
+
+def test_tls_is_verified_by_default_and_kept_alive_when_not() -> None:
+    with TlsServer() as srv:
+        with client(srv.base_url) as c, pytest.raises(E.Unreachable) as ei:
+            c.chat(MSGS)  # a self-signed certificate: refused
+        assert "certificate" in ei.value.message.lower() and srv.requests == 0
+        with client(srv.base_url, verify=False) as c:
+            assert [c.chat(MSGS).text for _ in range(3)] == ["Hello"] * 3
+        assert srv.requests == 3 and srv.connections == 1
+
+
+def test_a_header_value_that_cannot_be_sent_is_a_typed_error_not_a_resend() -> None:
+    with FaultServer() as srv, client(srv.base_url, headers={"x-note": "a\r\nb"}) as c:
+        with pytest.raises(E.TransportError):
+            c.chat(MSGS)
+        requests = srv.requests
+    assert requests == 0 and c.resends == 0
