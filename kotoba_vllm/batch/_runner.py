@@ -209,10 +209,11 @@ class BatchRunner:
         slot = None
         if self.deadline_s is not None:
             loop = task.get_loop()
-            slot = [loop.time() + self.deadline_s, task, e, sem]
+            deadline = loop.time() + self.deadline_s
+            slot = [deadline, task, e, sem]
             self._deadlines.append(slot)
             if self._sweep is None:
-                self._sweep = loop.call_at(slot[0], self._expire_due, loop)
+                self._sweep = loop.call_at(deadline, self._expire_due, loop)
         self._tasks.add(task)
         task.add_done_callback(functools.partial(self._settled, e, sem, slot))
 
