@@ -1,14 +1,18 @@
-"""The three contenders, each as the minimal code a user would write against one server.
+"""The contenders, each as the minimal code a user would write against one server.
 
 Every function does one whole exchange (send, read, decode) so they are comparable:
-raw httpx (the floor), kotoba_vllm, openai-python (`max_retries=0`; its default is 2
-retries with backoff, which costs nothing on the success path measured here).
+raw httpx (the ratio base the targets name), raw `http.client` (the practical sync floor,
+written the way its documentation shows), kotoba_vllm on its default wire, kotoba_vllm on a
+caller's httpx client, openai-python (`max_retries=0`; its default is 2 retries with backoff,
+which costs nothing on the success path measured here).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -20,18 +24,16 @@ Async = Callable[[], Awaitable[Any]]
 
 
 def no_trace_client(base_url: str, model: str, backend: str) -> Any:
-    """kotoba's Client minus the per-request httpx trace hook (the stale keep-alive rule's evidence):
-    measurement only, to price the hook; it never resends."""
+    """kotoba's Client on a caller's httpx client minus the per-request httpx trace hook (the stale
+    keep-alive rule's evidence there): measurement only, to price the hook; it never resends."""
     from kotoba_vllm import Client
 
     class NoTrace(Client):
-        def _send(self, plan: Any, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
-            http = plan.http
-            request = self._http.build_request(http.method, plan.url, json=http.body, headers=self._headers,
-                                               timeout=timeout)
-            return self._http.send(request, stream=stream)
+        def _send(self, plan: Any, timeout: httpx.Timeout, stream: bool) -> Any:
+            return self._wire.send(plan.http.method, plan.url, json=plan.http.body, timeout=timeout, stream=stream)
 
-    return NoTrace(base_url, backend=backend, model=model, timeout=60.0)
+    return NoTrace(base_url, backend=backend, model=model, timeout=60.0,
+                   http_client=httpx.Client(limits=LIMITS, timeout=60.0))
 
 
 class SyncSet:
@@ -46,6 +48,11 @@ class SyncSet:
         self.base_url, self.model = base_url, model
         self.raw = httpx.Client(limits=LIMITS, timeout=60.0)
         self.kotoba = Client(base_url, backend=backend, model=model, timeout=60.0)
+        assert self.kotoba.transport == "stdlib"
+        self.kotoba_httpx = Client(base_url, backend=backend, model=model, timeout=60.0,
+                                   http_client=httpx.Client(limits=LIMITS, timeout=60.0))
+        u = urlsplit(base_url)
+        self.hc = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=60.0)
         self.openai = openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=60.0)
         url = base_url + "/v1/chat/completions"
         body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens}
@@ -57,6 +64,16 @@ class SyncSet:
 
         def kotoba_chat() -> Any:
             return self.kotoba.chat(MESSAGES, max_tokens=max_tokens).text
+
+        def kotoba_httpx_chat() -> Any:
+            return self.kotoba_httpx.chat(MESSAGES, max_tokens=max_tokens).text
+
+        path = urlsplit(url).path
+        hc_headers = {"Content-Type": "application/json"}
+
+        def hc_chat() -> Any:
+            self.hc.request("POST", path, body=json.dumps(body).encode(), headers=hc_headers)
+            return json.loads(self.hc.getresponse().read())["choices"][0]["message"]["content"]
 
         def openai_chat() -> Any:
             return self.openai.chat.completions.create(model=model, messages=MESSAGES,  # type: ignore[arg-type]
@@ -81,6 +98,31 @@ class SyncSet:
                         n += 1
             return n
 
+        def kotoba_httpx_stream() -> int:
+            n = 0
+            with self.kotoba_httpx.stream_chat(MESSAGES, max_tokens=stream_tokens) as s:
+                for d in s:
+                    if d.delta:
+                        n += 1
+            return n
+
+        def hc_stream() -> int:
+            n = 0
+            self.hc.request("POST", path, body=json.dumps(sbody).encode(), headers=hc_headers)
+            with self.hc.getresponse() as r:
+                # bytes as they arrive, split into lines (iterating the response line by line costs 1.6x
+                # this: http.client reads each line through Python-level peek/read over the chunked framing)
+                rest = b""
+                while data := r.read1(65536):
+                    *lines, rest = (rest + data).split(b"\n")
+                    for line in lines:
+                        if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                            obj = json.loads(line[6:])
+                            for c in obj["choices"]:
+                                if c["delta"].get("content"):
+                                    n += 1
+            return n
+
         def openai_stream() -> int:
             n = 0
             for chunk in self.openai.chat.completions.create(  # type: ignore[call-overload]
@@ -91,14 +133,18 @@ class SyncSet:
             return n
 
         self.notrace = no_trace_client(base_url, model, backend)
-        self.chat: dict[str, Sync] = {"httpx": raw_chat, "kotoba": kotoba_chat, "openai": openai_chat}
-        self.trace_pair: dict[str, Sync] = {
-            "kotoba": kotoba_chat, "no-trace": lambda: self.notrace.chat(MESSAGES, max_tokens=max_tokens).text}
-        self.stream: dict[str, Sync] = {"httpx": raw_stream, "kotoba": kotoba_stream, "openai": openai_stream}
+        self.chat: dict[str, Sync] = {"httpx": raw_chat, "http.client": hc_chat, "kotoba": kotoba_chat,
+                                      "kotoba-httpx": kotoba_httpx_chat, "openai": openai_chat}
+        self.trace_pair: dict[str, Sync] = {  # both on a caller's httpx client: the hook is httpx's evidence
+            "kotoba": kotoba_httpx_chat, "no-trace": lambda: self.notrace.chat(MESSAGES, max_tokens=max_tokens).text}
+        self.stream: dict[str, Sync] = {"httpx": raw_stream, "http.client": hc_stream, "kotoba": kotoba_stream,
+                                        "kotoba-httpx": kotoba_httpx_stream, "openai": openai_stream}
 
     def close(self) -> None:
         self.raw.close()
+        self.hc.close()
         self.kotoba.close()
+        self.kotoba_httpx.close()
         self.notrace.close()
         self.openai.close()
 

@@ -437,14 +437,6 @@ class BaseClient:
         """True when a key is set and `base` is outside the configured origins."""
         return self._has_key and not self.trusted.allows(base)
 
-    def _probe_request(self, base: str, path: str) -> httpx.Request:
-        """A detection GET: the key goes along only to a configured origin."""
-        http: httpx.Client | httpx.AsyncClient = self._http  # type: ignore[attr-defined]  # set by the subclass
-        request = http.build_request("GET", base + path, headers=self._headers, timeout=DETECT_TIMEOUT)
-        if self._key_withheld(base):
-            request.headers.pop("authorization", None)
-        return request
-
     def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:
         """A 401/403 from a server we withheld the key from says so, and how to trust it."""
         if plan.key_withheld and isinstance(err, ServerError) and err.status in (401, 403):

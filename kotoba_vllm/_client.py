@@ -1,8 +1,9 @@
-"""`Client` (httpx.Client) and `AsyncClient` (httpx.AsyncClient): I/O only.
+"""`Client` and `AsyncClient`: I/O only.
 
-Every decision lives in `_base_client`; these classes move bytes. One call sends one
-request; the only resend is onto a fresh connection after a reused keep-alive one
-failed before any response byte (see `may_resend`).
+Every decision lives in `_base_client`; these classes move bytes through a wire (`_wire`: by
+default http.client for `Client`, aiohttp for `AsyncClient`; a caller's httpx client when given).
+One call sends one request; the only resend is onto a fresh connection after a reused keep-alive
+one failed before any response byte (see `may_resend`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, Embeddi
 from ._resend import MAX_RESENDS
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
-from ._wire import Answer, AsyncWire, HttpxWire, default_wire
+from ._wire import Answer, AsyncWire, HttpxSyncWire, HttpxWire, SyncAnswer, SyncWire, default_sync_wire, default_wire
 
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
 
@@ -38,7 +39,7 @@ class Stream:
 
     Closing early (or leaving the `with` block) closes the connection."""
 
-    def __init__(self, client: "Client", plan: Plan, response: httpx.Response, sent: float | None = None,
+    def __init__(self, client: "Client", plan: Plan, response: SyncAnswer, sent: float | None = None,
                  timeout: httpx.Timeout | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
         self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
@@ -171,17 +172,26 @@ class Client(BaseClient):
                  trusted_origins: Iterable[str] = ()) -> None:
         super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
                          trusted_origins=trusted_origins)
-        # Our own httpx client carries our headers (merging them per request costs more than the rest of
-        # building it); a caller's client gets them on every request.
-        self._http = http_client or httpx.Client(timeout=self.timeout, verify=verify, limits=_limits(),
-                                                 headers=self._headers)
-        self._request_headers = self._headers if http_client is not None else None
-        self._has_key = self._has_key or "authorization" in self._http.headers
+        # A caller's httpx client is used as it is (our headers go on each request); by default the
+        # measured fastest sync wire (http.client under our keep-alive pool), carrying our headers itself.
+        self._wire: SyncWire = (HttpxSyncWire(http_client, self._headers) if http_client is not None
+                                else default_sync_wire(self._headers, verify, _limits()))
+        self._has_key = self._has_key or (http_client is not None and "authorization" in http_client.headers)
+
+    @property
+    def transport(self) -> str:
+        """Which wire moves the bytes: "stdlib" (http.client, default) or "httpx" (a client passed as `http_client`)."""
+        return self._wire.name
 
     # ------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        self._http.close()
+        self._wire.close()
+
+    def send_raw(self, method: str, url: str, *, content: bytes | None = None,
+                 timeout: TimeoutArg = None) -> SyncAnswer:
+        """One request on this client's wire with its headers, read whole; no decisions, no resend."""
+        return self._wire.send(method, url, content=content, timeout=self._timeout_for(timeout))
 
     def __enter__(self) -> "Client":
         return self
@@ -191,17 +201,13 @@ class Client(BaseClient):
 
     # ------------------------------------------------------------ I/O primitives
 
-    def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> httpx.Response:
+    def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> SyncAnswer:
         http = plan.http
         for _ in range(MAX_RESENDS + 1):
             attempt = Attempt()
-            request = self._http.build_request(http.method, self._url(plan.url), json=http.body,
-                                               headers=self._request_headers, timeout=timeout,
-                                               extensions={"trace": attempt})
-            if plan.key_withheld:  # another origin than the ones configured: it never sees the key
-                request.headers.pop("authorization", None)
             try:
-                return self._http.send(request, stream=stream)
+                return self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
+                                       attempt=attempt, withhold_key=plan.key_withheld)
             except httpx.HTTPError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
@@ -219,7 +225,7 @@ class Client(BaseClient):
         found = "openai"
         for path, _ in DETECTION_PROBES:
             try:
-                r = self._http.send(self._probe_request(base, path))
+                r = self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT, withhold_key=self._key_withheld(base))
             except httpx.HTTPError as e:
                 if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                     raise transport_error(e, base + path, DETECT_TIMEOUT) from e
@@ -310,7 +316,7 @@ class Client(BaseClient):
         dialect = get_dialect(backend)
         url = self.base_url + dialect.models_path
         try:
-            r = self._http.get(url, headers=self._headers, timeout=self.timeout)
+            r = self._wire.send("GET", url, timeout=self.timeout)
         except httpx.HTTPError as e:
             raise transport_error(e, url, self.timeout) from e
         if r.status_code >= 400:
@@ -322,7 +328,7 @@ class Client(BaseClient):
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
         url = self.base_url + get_dialect(backend).health_path
         try:
-            r = self._http.get(url, headers=self._headers, timeout=DETECT_TIMEOUT)
+            r = self._wire.send("GET", url, timeout=DETECT_TIMEOUT)
         except httpx.HTTPError as e:
             err: KotobaError = transport_error(e, url, DETECT_TIMEOUT)
             return Health(ok=False, status=None, endpoint_url=url, detail=err.message)

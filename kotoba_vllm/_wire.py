@@ -10,16 +10,21 @@ connection, did any response byte arrive — the evidence the resend rule needs.
 - `HttpxWire`: an `httpx.AsyncClient` (a caller's own, or ours); evidence from httpx's trace hook.
 - `AiohttpWire` (`_aiohttp_wire`): the default when aiohttp is installed; measured 3-5x less client
   CPU per request than httpx 0.28 at 16-256 in flight (benchmarks/README.md).
+
+The sync `Client` has the same pair: `StdlibWire` (`_stdlib_wire`, http.client, the default) and
+`HttpxSyncWire` (a caller's `httpx.Client`), answering with `read`, `iter_bytes`, `close`.
 """
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Mapping, Protocol
+from typing import Any, AsyncIterator, Iterator, Mapping, Protocol
 
 import httpx
 
 from ._aiohttp_wire import AiohttpWire
 from ._base_client import AsyncAttempt, Attempt
+from ._resend import AttemptEvidence
+from ._stdlib_wire import StdlibWire
 
 
 class Answer(Protocol):
@@ -113,3 +118,81 @@ def default_wire(headers: Mapping[str, str], timeout: httpx.Timeout, verify: boo
     """aiohttp: the measured fastest (docs/transport.md)."""
     return AiohttpWire(headers=headers, verify=verify, limit=limits.max_connections or 0,
                        keepalive_s=limits.keepalive_expiry)
+
+
+# ------------------------------------------------------------------ sync
+
+
+class SyncAnswer(Protocol):
+    """What a sync wire returns; `content` is filled for non-streamed sends."""
+
+    status_code: int
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    def read(self) -> bytes: ...
+
+    def iter_bytes(self) -> Iterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+class SyncWire(Protocol):
+    name: str
+
+    def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+             headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
+             attempt: AttemptEvidence | None = None, withhold_key: bool = False) -> SyncAnswer:
+        """`withhold_key`: send this request without the Authorization header the wire carries."""
+
+    def close(self) -> None: ...
+
+
+class HttpxSyncWire:
+    """A caller's httpx.Client as a wire: its own proxies, mocks (respx), event hooks and performance.
+    `extra_headers` (ours) go on every request; evidence from httpx's trace hook."""
+
+    name = "httpx"
+
+    def __init__(self, http: httpx.Client, extra_headers: Mapping[str, str] | None = None) -> None:
+        self.http = http
+        self._headers = extra_headers
+        self._urls: dict[str, httpx.URL] = {}
+
+    def _url(self, url: str) -> httpx.URL:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= 256:
+                self._urls.clear()
+            parsed = self._urls[url] = httpx.URL(url)
+        return parsed
+
+    def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+             headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
+             attempt: AttemptEvidence | None = None, withhold_key: bool = False) -> SyncAnswer:
+        h = self._headers if headers is None else ({**self._headers, **headers} if self._headers else headers)
+        ext = {"trace": attempt} if isinstance(attempt, Attempt) else None
+        request = self.http.build_request(method, self._url(url), json=json, content=content, headers=h,
+                                          timeout=timeout, extensions=ext)
+        if withhold_key:  # the caller's client may carry one too
+            request.headers.pop("authorization", None)
+        return self.http.send(request, stream=stream)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def default_sync_wire(headers: Mapping[str, str], verify: bool, limits: httpx.Limits) -> SyncWire:
+    """http.client under our keep-alive pool: the measured fastest sync wire (docs/transport.md)."""
+    return StdlibWire(headers=headers, verify=verify, keepalive=1024 if limits.max_keepalive_connections is None else limits.max_keepalive_connections,
+                      keepalive_s=limits.keepalive_expiry)

@@ -250,13 +250,16 @@ class Pool(_PoolCore):
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
                  affinity_entries: int = 4096, capacity_interval_s: float = DEFAULT_INTERVAL_S,
-                 server_load_tracked: bool = False) -> None:
+                 server_load_tracked: bool = False, http_client: httpx.Client | None = None) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
                          capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
         self._refresh = threading.Lock()
         self.model = model
+        # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
+        self._own_http = http_client is None
         self.clients: dict[str, Client] = {
-            u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model)
+            u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
+                      http_client=http_client)
             for u in self.members}
         self._probe_headers = client_headers(api_key_or_env(api_key), headers)
         self._probe_http = httpx.Client(timeout=self.probe_timeout)
@@ -274,8 +277,9 @@ class Pool(_PoolCore):
         return cls(config.members, **kwargs)
 
     def close(self) -> None:
-        for c in self.clients.values():
-            c.close()
+        if self._own_http:
+            for c in self.clients.values():
+                c.close()
         self._probe_http.close()
         self._executor.shutdown(wait=False)
 

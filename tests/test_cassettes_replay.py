@@ -40,10 +40,10 @@ def _name(v: Any) -> Any:
 
 
 def run(c: Cassette, mode: str) -> Outcome:
-    """sync: httpx through respx; async: the default wire (aiohttp) through a real loopback server;
-    async-httpx: a caller's httpx.AsyncClient through respx."""
-    if mode == "sync":
-        return replay_sync(c)
+    """sync / async: the default wire (http.client / aiohttp) through a real loopback server;
+    sync-httpx / async-httpx: a caller's httpx client through respx."""
+    if mode.startswith("sync"):
+        return replay_sync(c, wire="httpx" if mode == "sync-httpx" else "default")
     return asyncio.run(replay_async(c, wire="httpx" if mode == "async-httpx" else "default"))
 
 
@@ -94,7 +94,7 @@ REFUSED_BEFORE_SENDING = {"vllm/error-greedy-n2": "sampling/greedy-n",
                           "vllm/error-greedy-n2-stream": "sampling/greedy-n"}
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "async-httpx"])
+@pytest.mark.parametrize("mode", ["sync", "sync-httpx", "async", "async-httpx"])
 @pytest.mark.parametrize("c", ALL, ids=IDS)
 def test_replay(c: Cassette, mode: str) -> None:
     out = run(c, mode)

@@ -35,13 +35,14 @@ MODES = ["sync", "async"]
 
 def call(mode: str, fn: Callable[[Any], Any], *, backend: str = "vllm", base: str = BASE, **kw: Any) -> Any:
     """Run `fn(client)` on a Client, or `await fn(client)` on an AsyncClient."""
+    # respx intercepts httpx only: both clients run on a caller's httpx client here (the default wires,
+    # http.client and aiohttp, run the same behaviours against real sockets in test_faults and the
+    # cassette replay)
     if mode == "sync":
-        with Client(base, backend=backend, **kw) as c:
+        with Client(base, backend=backend, http_client=httpx.Client(), **kw) as c:
             return fn(c)
 
     async def go() -> Any:
-        # respx intercepts httpx only: the async client runs on a caller's httpx client here (the default
-        # wire, aiohttp, runs the same behaviours against real sockets in test_faults and the cassette replay)
         async with AsyncClient(base, backend=backend, http_client=httpx.AsyncClient(), **kw) as c:
             return await fn(c)
     return asyncio.run(go())

@@ -146,7 +146,8 @@ FAULTS: tuple[Fault, ...] = (
           None, modes=("stream",), check=_split_char, summary="succeeds; the character is whole"),
 )
 
-FLAVOURS = ("sync", "async", "async-httpx")  # every shipped wire: httpx sync, aiohttp async, a caller's httpx async
+# every shipped wire: http.client sync (default), a caller's httpx sync, aiohttp async (default), a caller's httpx async
+FLAVOURS = ("sync", "sync-httpx", "async", "async-httpx")
 CASES = [(f, mode, flavour) for f in FAULTS for mode in f.modes for flavour in FLAVOURS]
 
 
@@ -172,8 +173,17 @@ def _watchdog(fn: Callable[[], Any]) -> Any:
     return box.get("value")
 
 
-def call_sync(url: str, mode: str, timeout: float | None) -> Any:
-    with Client(url, backend="vllm") as c:
+def sync_client(url: str, flavour: str) -> Client:
+    """flavour "sync": the default wire (http.client); "sync-httpx": a caller's httpx.Client."""
+    if flavour == "sync-httpx":
+        return Client(url, backend="vllm", http_client=httpx.Client())
+    client = Client(url, backend="vllm")
+    assert client.transport == "stdlib"
+    return client
+
+
+def call_sync(url: str, mode: str, timeout: float | None, flavour: str = "sync") -> Any:
+    with sync_client(url, flavour) as c:
         if mode == "stream":
             with c.stream_chat(MSGS, timeout=timeout) as s:
                 return s.until_done()
@@ -203,7 +213,9 @@ def call_async(url: str, mode: str, timeout: float | None, flavour: str = "async
 
 def outcome(fault: Fault, mode: str, flavour: str) -> tuple[Any, BaseException | None, int | None]:
     def call(url: str, mode: str, timeout: float | None) -> Any:
-        return call_sync(url, mode, timeout) if flavour == "sync" else call_async(url, mode, timeout, flavour)
+        if flavour.startswith("sync"):
+            return call_sync(url, mode, timeout, flavour)
+        return call_async(url, mode, timeout, flavour)
 
     def go(url: str) -> tuple[Any, BaseException | None]:
         try:
@@ -284,10 +296,10 @@ def _two_calls(flavour: str, url: str, mode: str, pause: float = 0.0) -> list[An
         except E.KotobaError as e:
             return e
 
-    if flavour == "sync":
+    if flavour.startswith("sync"):
         def go() -> list[Any]:
             import time
-            with Client(url, backend="vllm") as c:
+            with sync_client(url, flavour) as c:
                 first = one_sync(c)
                 time.sleep(pause)
                 return [first, one_sync(c)]
@@ -345,12 +357,13 @@ def test_a_reset_on_a_fresh_connection_is_not_resent(mode: str, flavour: str) ->
 STORM = 40
 
 
+@pytest.mark.parametrize("flavour", ["sync", "sync-httpx"])
 @pytest.mark.parametrize("mode", ["plain", "stream"])
-def test_429_storm_sync_one_request_per_call(mode: str) -> None:
+def test_429_storm_sync_one_request_per_call(mode: str, flavour: str) -> None:
     with FaultServer(lambda s: reply(LIMITED, 429, [("retry-after", "1")])) as srv:
         def go() -> list[Any]:
             out = []
-            with Client(srv.base_url, backend="vllm") as c:
+            with sync_client(srv.base_url, flavour) as c:
                 for _ in range(STORM):
                     try:
                         out.append(c.stream_chat(MSGS).until_done() if mode == "stream" else c.chat(MSGS))

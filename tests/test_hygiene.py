@@ -71,12 +71,15 @@ def server() -> Iterator[FaultServer]:
 PROFILES = ["default", pytest.param("long", marks=pytest.mark.slow)]
 
 
+@pytest.mark.parametrize("wire", ["stdlib", "httpx"])  # the default wire, and a caller's httpx client
 @pytest.mark.parametrize("profile", PROFILES)
-def test_sync_abandoned_streams_leave_nothing(server: FaultServer, profile: str,
+def test_sync_abandoned_streams_leave_nothing(server: FaultServer, profile: str, wire: str,
                                               request: pytest.FixtureRequest) -> None:
     n = _count(request, profile)
     base_sockets = sockets()
-    client = Client(server.base_url, backend="vllm", timeout=10)
+    http = httpx.Client(timeout=10, limits=_client._limits()) if wire == "httpx" else None
+    client = Client(server.base_url, backend="vllm", timeout=10, http_client=http)
+    assert client.transport == wire
 
     def one(i: int) -> None:
         way = i % 3
@@ -113,7 +116,7 @@ def test_sync_abandoned_streams_leave_nothing(server: FaultServer, profile: str,
     assert server.wait_idle() == 0
     assert sockets() <= base_sockets  # <=: sockets of earlier tests may still be closing
     assert server.requests == n + WARMUP  # one request per stream, none resent
-    report(request, f"hygiene sync: {n} streams (closed/dropped/unread), sockets left 0, "
+    report(request, f"hygiene sync ({wire}): {n} streams (closed/dropped/unread), sockets left 0, "
                     f"traced memory {grown:+d} bytes ({grown / n:+.1f} B/stream)")
     assert grown < n * PER_STREAM_BYTES, f"memory grew {grown} bytes over {n} streams"
 

@@ -35,7 +35,7 @@ def _codes(e: ValidationError) -> list[tuple[str, str | None]]:
 def test_keyword_sampling_is_checked_exactly_like_edn(kwargs: dict[str, Any], edn: dict[Any, Any]) -> None:
     with respx.mock(assert_all_called=False) as m:
         route = m.post(CHAT_URL).respond(200, json=ANSWER)
-        with Client(BASE, backend="vllm") as c:
+        with Client(BASE, backend="vllm", http_client=httpx.Client()) as c:  # respx: httpx
             with pytest.raises(ValidationError) as by_kwargs:
                 c.chat("hi", **kwargs)
             with pytest.raises(ValidationError) as by_edn:
@@ -48,7 +48,7 @@ def test_keyword_sampling_is_checked_exactly_like_edn(kwargs: dict[str, Any], ed
 def test_good_keyword_sampling_goes_on_the_wire() -> None:
     with respx.mock(assert_all_called=False) as m:
         route = m.post(CHAT_URL).respond(200, json=ANSWER)
-        with Client(BASE, backend="vllm") as c:
+        with Client(BASE, backend="vllm", http_client=httpx.Client()) as c:  # respx: httpx
             c.chat("hi", temperature=0.2, max_tokens=5, stop=("a", "b"))
         body = json.loads(route.calls[0].request.content)
     assert body["temperature"] == 0.2 and body["max_tokens"] == 5 and body["stop"] == ["a", "b"]
@@ -73,7 +73,7 @@ def test_openai_dict_messages_keep_tool_calls_ids_and_names(mode: str) -> None:
     with respx.mock(assert_all_called=False) as m:
         route = m.post(CHAT_URL).respond(200, json=ANSWER)
         if mode == "sync":
-            with Client(BASE, backend="vllm") as c:
+            with Client(BASE, backend="vllm", http_client=httpx.Client()) as c:  # respx: httpx
                 c.chat(TOOL_TURNS)
         else:
             import asyncio
@@ -101,7 +101,7 @@ def test_openai_dict_messages_keep_tool_calls_ids_and_names(mode: str) -> None:
 def test_bad_messages_are_refused_with_a_typed_error(messages: Any, says: str) -> None:
     with respx.mock(assert_all_called=False) as m:
         route = m.post(CHAT_URL).respond(200, json=ANSWER)
-        with Client(BASE, backend="vllm") as c:
+        with Client(BASE, backend="vllm", http_client=httpx.Client()) as c:  # respx: httpx
             with pytest.raises(KotobaError) as ei:
                 c.chat(messages)
         assert route.call_count == 0

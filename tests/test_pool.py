@@ -57,7 +57,7 @@ def turn(*texts: str) -> ChatRequest:
 
 
 def test_all_members_busy_raises_before_sending_anything() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         posts = [member(m, A, "busy"), member(m, B, "busy")]
         with pytest.raises(AdmissionRejected) as err:
             pool.chat("hello")
@@ -70,7 +70,7 @@ def test_all_members_busy_raises_before_sending_anything() -> None:
 
 
 def test_busy_leader_is_skipped_and_the_answer_names_its_member() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         post_a, post_b = member(m, A, "busy"), member(m, B, "idle")
         r = pool.chat("hello")
     assert (post_a.call_count, post_b.call_count) == (0, 1)
@@ -81,7 +81,7 @@ def test_busy_leader_is_skipped_and_the_answer_names_its_member() -> None:
 
 
 def test_unmeasured_pool_admits_and_says_not_enforced() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         post_a, post_b = member(m, A, "no-slots"), member(m, B, "busy")
         r = pool.chat("hello")
     assert (post_a.call_count, post_b.call_count) == (1, 0)
@@ -90,7 +90,7 @@ def test_unmeasured_pool_admits_and_says_not_enforced() -> None:
 
 
 def test_measured_free_member_wins_over_an_unreachable_leader() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         post_a, post_b = member(m, A, "down"), member(m, B, "idle")
         r = pool.chat("hello")
         cap = pool.last_capacity
@@ -99,7 +99,7 @@ def test_measured_free_member_wins_over_an_unreachable_leader() -> None:
 
 
 def test_429_from_the_chosen_member_is_surfaced_not_retried_elsewhere() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         member(m, A, "idle")
         post_b = member(m, B, "idle")
         post_a = m.post(A + CHAT).respond(429, headers={"retry-after": "3"},
@@ -113,7 +113,7 @@ def test_429_from_the_chosen_member_is_surfaced_not_retried_elsewhere() -> None:
 
 
 def test_second_turn_returns_to_the_member_that_served_the_first() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         member(m, A, "busy")
         post_b = member(m, B, "idle")
         first = pool.send(turn("my name is Ada"))
@@ -129,7 +129,7 @@ def test_second_turn_returns_to_the_member_that_served_the_first() -> None:
 
 
 def test_explicit_conversation_key_and_moving_off_a_busy_member() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         member(m, A, "busy"), member(m, B, "idle")
         assert pool.chat("x", conversation="c-1").extras["pool/member"] == B
         m.routes.clear()
@@ -143,7 +143,7 @@ def test_explicit_conversation_key_and_moving_off_a_busy_member() -> None:
 
 def test_a_request_base_url_cannot_bypass_admission() -> None:
     req = ChatRequest(messages=(Message(role="user", content="hi"),), base_url="http://elsewhere:1")
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         member(m, A, "busy"), member(m, B, "busy")
         with pytest.raises(AdmissionRejected):
             pool.send(req)
@@ -153,7 +153,7 @@ def test_pool_stream_names_member_and_keeps_affinity() -> None:
     sse = ('data: {"choices":[{"index":0,"delta":{"content":"he"},"finish_reason":null}]}\n\n'
            'data: {"choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"stop"}]}\n\n'
            'data: [DONE]\n\n')
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         member(m, A, "busy"), member(m, B, "idle")
         m.post(B + CHAT).respond(200, text=sse, headers={"content-type": "text/event-stream"})
         with pool.stream(turn("stream me")) as s:
@@ -166,7 +166,7 @@ def test_pool_stream_names_member_and_keeps_affinity() -> None:
 def test_edn_request_map_goes_through_the_pool() -> None:
     req = {kw("vllm/endpoint"): kw("chat"),
            kw("vllm/messages"): [{kw("vllm/role"): kw("user"), kw("vllm/content"): "hi"}]}
-    with respx.mock(assert_all_called=False) as m, Pool([A], backend="llamacpp") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A], backend="llamacpp", http_client=httpx.Client()) as pool:
         member(m, A, "idle")
         assert pool.send(req).extras["pool/member"] == A
 
@@ -197,7 +197,7 @@ async def test_async_pool_conversation_affinity() -> None:
 
 
 def test_auto_backend_is_detected_once_by_the_probe() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A], backend="auto") as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A], backend="auto", http_client=httpx.Client()) as pool:
         props = m.get(A + "/props").respond(200, text=PROPS)
         m.get(A + "/slots").respond(200, text=IDLE_SLOTS)
         m.get(A + "/metrics").respond(200, text=METRICS.format(p=0))

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import httpx
 import pytest
 import respx
 
@@ -111,7 +112,8 @@ def _members(m: respx.MockRouter, state: str) -> dict[str, respx.Route]:
 
 
 def test_sync_pool_refuses_within_the_bound_without_probing_again() -> None:
-    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp", capacity_interval_s=30) as pool:
+    with respx.mock(assert_all_called=False) as m, Pool([A, B], backend="llamacpp", capacity_interval_s=30,
+                                                           http_client=httpx.Client()) as pool:
         r = _members(m, "busy")
         for _ in range(3):
             with pytest.raises(AdmissionRejected) as err:

@@ -127,8 +127,10 @@ def _client_calls(c: Client, ch: Channels, tag: str) -> None:
 
 def test_client_argument_never_shows(server: FaultServer, logs: pytest.LogCaptureFixture) -> None:
     ch = Channels()
-    with Client(server.base_url, backend="vllm", api_key=KEY) as c:
+    with Client(server.base_url, backend="vllm", api_key=KEY) as c:  # the default wire (http.client)
         _client_calls(c, ch, "sync")
+    with Client(server.base_url, backend="vllm", api_key=KEY, http_client=httpx.Client()) as c:  # httpx logs
+        _client_calls(c, ch, "sync-httpx")
 
     async def go() -> None:
         async with AsyncClient(server.base_url, backend="vllm", api_key=KEY) as c:
@@ -215,17 +217,15 @@ def test_cassettes_hold_no_credentials() -> None:
 
 
 def test_tls_verification_is_on_by_default_and_off_only_when_asked() -> None:
-    def mode(http: httpx.Client | httpx.AsyncClient) -> ssl.VerifyMode:
-        ctx = http._transport._pool._ssl_context  # type: ignore[union-attr]
-        return ctx.verify_mode
+    def context(verify: bool) -> ssl.SSLContext:
+        c = Client("https://127.0.0.1:1", backend="vllm", verify=verify)
+        assert c.transport == "stdlib"
+        ctx: ssl.SSLContext = c._wire._context()  # type: ignore[attr-defined]  # the default wire's own
+        c.close()
+        return ctx
 
-    c = Client("https://127.0.0.1:1", backend="vllm")
-    assert mode(c._http) == ssl.CERT_REQUIRED
-    assert c._http._transport._pool._ssl_context.check_hostname is True  # type: ignore[union-attr]
-    c.close()
-    c = Client("https://127.0.0.1:1", backend="vllm", verify=False)
-    assert mode(c._http) == ssl.CERT_NONE
-    c.close()
+    assert context(True).verify_mode == ssl.CERT_REQUIRED and context(True).check_hostname is True
+    assert context(False).verify_mode == ssl.CERT_NONE and context(False).check_hostname is False
 
     async def wire_ssl(verify: bool) -> object:
         a = AsyncClient("https://127.0.0.1:1", backend="vllm", verify=verify)

@@ -28,7 +28,8 @@ def test_sync_stream_error_line_is_typed() -> None:
     with respx.mock(base_url="http://s") as m:
         _mock(m)
         with pytest.raises(ServerFailure) as info:
-            Client("http://s", backend="llamacpp").stream_completion("x", native=True).until_done()
+            client = Client("http://s", backend="llamacpp", http_client=httpx.Client())  # respx: httpx only
+            client.stream_completion("x", native=True).until_done()
     assert info.value.message == "boom"
     assert info.value.partial_text == "ab"
 
@@ -48,6 +49,6 @@ def test_openai_style_v1_base_url_is_accepted() -> None:
         route = m.post("/v1/chat/completions").respond(200, json={
             "id": "c", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
                                     "finish_reason": "stop"}]})
-        r = Client("http://s/v1/", backend="openai").chat("hello")
+        r = Client("http://s/v1/", backend="openai", http_client=httpx.Client()).chat("hello")  # respx: httpx
     assert route.call_count == 1 and r.text == "hi"
     assert r.endpoint_url == "http://s/v1/chat/completions"

@@ -138,8 +138,7 @@ def test_stream_ttft_includes_the_wait_for_headers() -> None:
         time.sleep(0.25)  # a server that holds the headers back (queueing, prefill)
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
 
-    c = Client("http://bench.invalid", backend="vllm")
-    c._http = httpx.Client(transport=httpx.MockTransport(handler))
+    c = Client("http://bench.invalid", backend="vllm", http_client=httpx.Client(transport=httpx.MockTransport(handler)))
     s = c.stream_chat("hi", max_tokens=2)
     r = s.until_done()
     assert r.timings.ttft.ms >= 250.0

@@ -71,34 +71,47 @@ def _request_map(c: Cassette) -> dict[Any, Any]:
     return req
 
 
-def replay_sync(c: Cassette) -> Outcome:
+def replay_sync(c: Cassette, wire: str = "default") -> Outcome:
+    """Replay into a `Client`: on its default wire (http.client) through a real loopback server
+    (`_loopback.py`), or with `wire="httpx"` on an httpx client through respx."""
+    if wire == "httpx":
+        router, route = _mock(c)
+        # Our own httpx client, handed in: probe / raw ops go through the same (mocked) transport.
+        with router, httpx.Client() as http, Client(BASE_URL, backend=c.backend, http_client=http) as client:
+            out = _drive_sync(c, client, BASE_URL)
+            out.sent = [call.request.content for call in route.calls]  # respx forgets calls on exit
+        return out
+    with LoopbackReplay(c) as srv:
+        with Client(srv.base_url, backend=c.backend) as client:
+            out = _drive_sync(c, client, srv.base_url)
+        out.sent = list(srv.sent)
+    return out
+
+
+def _drive_sync(c: Cassette, client: Client, base: str) -> Outcome:
     out = Outcome()
-    router, route = _mock(c)
-    # Our own httpx client, handed in: probe / raw ops go through the same (mocked) transport.
-    with router, httpx.Client() as http, Client(BASE_URL, backend=c.backend, http_client=http) as client:
-        try:
-            if c.op == "send":
-                req = _request_map(c)
-                if req.get(K_STREAM):
-                    out.streamed = True
-                    with client.stream(req) as s:
-                        for d in s:
-                            out.deltas.append(d)
-                    out.result = s.response
-                else:
-                    out.result = client.send(req)
-            elif c.op == "models":
-                out.result = client.models()
-            elif c.op == "health":
-                out.result = client.health()
-            else:  # probe / raw: through the client's own transport, errors typed by the SDK
-                r = http.request(c.method, BASE_URL + c.path, content=c.request_body)
-                out.raw = r.content
-                if r.status_code >= 400:
-                    raise classify_error(r.status_code, r.content, r.headers, BASE_URL + c.path)
-        except KotobaError as e:
-            out.error = e
-        out.sent = [call.request.content for call in route.calls]  # respx forgets calls on exit
+    try:
+        if c.op == "send":
+            req = _request_map(c)
+            if req.get(K_STREAM):
+                out.streamed = True
+                with client.stream(req) as s:
+                    for d in s:
+                        out.deltas.append(d)
+                out.result = s.response
+            else:
+                out.result = client.send(req)
+        elif c.op == "models":
+            out.result = client.models()
+        elif c.op == "health":
+            out.result = client.health()
+        else:  # probe / raw: through the client's own wire, errors typed by the SDK
+            r = client.send_raw(c.method, base + c.path, content=c.request_body)
+            out.raw = r.content
+            if r.status_code >= 400:
+                raise classify_error(r.status_code, r.content, r.headers, base + c.path)
+    except KotobaError as e:
+        out.error = e
     return out
 
 
