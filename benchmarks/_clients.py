@@ -71,9 +71,18 @@ class SyncSet:
         path = urlsplit(url).path
         hc_headers = {"Content-Type": "application/json"}
 
+        def hc_post(payload: Any) -> http.client.HTTPResponse:
+            data = json.dumps(payload).encode()
+            try:
+                self.hc.request("POST", path, body=data, headers=hc_headers)
+                return self.hc.getresponse()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                self.hc.close()  # the server closed the idle connection; http.client reconnects when closed
+                self.hc.request("POST", path, body=data, headers=hc_headers)
+                return self.hc.getresponse()
+
         def hc_chat() -> Any:
-            self.hc.request("POST", path, body=json.dumps(body).encode(), headers=hc_headers)
-            return json.loads(self.hc.getresponse().read())["choices"][0]["message"]["content"]
+            return json.loads(hc_post(body).read())["choices"][0]["message"]["content"]
 
         def openai_chat() -> Any:
             return self.openai.chat.completions.create(model=model, messages=MESSAGES,  # type: ignore[arg-type]
@@ -108,8 +117,7 @@ class SyncSet:
 
         def hc_stream() -> int:
             n = 0
-            self.hc.request("POST", path, body=json.dumps(sbody).encode(), headers=hc_headers)
-            with self.hc.getresponse() as r:
+            with hc_post(sbody) as r:
                 # bytes as they arrive, split into lines (iterating the response line by line costs 1.6x
                 # this: http.client reads each line through Python-level peek/read over the chunked framing)
                 rest = b""

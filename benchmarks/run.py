@@ -71,7 +71,7 @@ def row(scenario: str, server: str, unit: str, values: dict[str, float | None],
 def sync_rows(base_url: str, server: str, s: Sizes, backend: str, model: str, stream_tokens: int,
               latency_n: int) -> list[dict[str, Any]]:
     c = SyncSet(base_url, model, stream_tokens=stream_tokens, backend=backend)
-    pinned = _pin_client()
+    pinned = _pin_client() if server == "canned" else None  # llama-server uses every core it is given
     try:
         lat = m.latency_ms(c.chat, latency_n)
         cpu = m.cpu_us(c.chat, s.cpu_rounds, s.cpu_block)
