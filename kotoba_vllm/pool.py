@@ -550,14 +550,24 @@ class AsyncPool(_PoolCore):
 
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
                    conversation: str | None = None) -> AnyResponse:
-        req, adm, cap, client = await self._admit(to_request(request), conversation)
+        # `_admit` inline: the view's round is read without a round trip through the event loop
+        req = self._for_pool(to_request(request))
+        view = self.view
+        cap = view.snapshot
+        if cap is None or not view.fresh(time.monotonic()) or view.interval_s <= 0:
+            cap = await self._current()
+        adm = self._decide(cap, req, conversation)
+        member = adm.member or ""
+        client = self.clients[member]
+        if self._detected:
+            self._teach(client, member)
         try:
             resp = await client.send(req, timeout=timeout)
         except AdmissionRejected as e:
             raise _attach(e, cap)
         finally:
-            self._done(adm.member or "")
-        self.affinity.remember(req, adm.member or "", conversation)
+            view.end(member, time.monotonic())
+        self.affinity.remember(req, member, conversation)
         return self._annotate(resp, adm, cap)
 
     async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,

@@ -77,6 +77,8 @@ class Affinity:
     def lookup(self, request: Any, conversation: str | None = None) -> str | None:
         """The member for this conversation id, else for the longest known *earlier* turn: a
         strict prefix of this request. The same request again is independent (it spreads)."""
+        if not conversation and len(getattr(request, "messages", None) or ()) == 1:
+            return None  # a first turn has no earlier turn (the common batch request)
         keys = ([("c", conversation)] if conversation else []) + _earlier_keys(request)
         if not keys:
             return None
