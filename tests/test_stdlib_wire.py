@@ -387,3 +387,18 @@ def test_a_header_value_that_cannot_be_sent_is_a_typed_error_not_a_resend() -> N
             c.chat(MSGS)
         requests = srv.requests
     assert requests == 0 and c.resends == 0
+
+
+def test_a_client_dropped_without_close_closes_its_idle_connections() -> None:
+    import gc
+    import warnings
+
+    with FaultServer() as srv:
+        c = client(srv.base_url)
+        c.chat(MSGS)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del c
+            gc.collect()
+        assert srv.wait_idle(limit_s=2.0) == 0  # the server saw its connection close
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]  # closed, not left to the collector
