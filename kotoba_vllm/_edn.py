@@ -86,9 +86,12 @@ class Form:
 WHITESPACE = "\t\n\x0b\x0c\r\x1c-\x1f ,\u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205f\u3000"
 _STOP = WHITESPACE + '";^()\\[\\]{}\\\\'
 
+# `atom` comes second: it is the commonest token after whitespace and, never starting with '#' or a
+# stop character, it matches nowhere another alternative does, so its place changes no answer.
 _TOKEN = re.compile(
     rf"""
     (?P<ws>[{WHITESPACE}]+|;[^\n\r]*)
+  | (?P<atom>[^{_STOP}\#][^{_STOP}]*)
   | (?P<str>"(?:[^"\\]|\\.)*")
   | (?P<open>\#\{{|[\[({{])
   | (?P<close>[\])}}])
@@ -98,7 +101,6 @@ _TOKEN = re.compile(
   | (?P<tag>\#[A-Za-z][^{_STOP}]*)
   | (?P<hash>\#.?)
   | (?P<char>\\.[^{_STOP}]*)
-  | (?P<atom>[^{_STOP}]+)
   | (?P<bad>.)
     """,
     re.VERBOSE | re.DOTALL,
@@ -180,23 +182,26 @@ MAX_DEPTH = 100  # nesting levels a reader accepts; requests and specs use a han
 
 
 class _Reader:
-    def __init__(self, text: str, source: str, line: int = 1, column: int = 1) -> None:
+    def __init__(self, text: str, source: str, line: int = 1, column: int = 1, start: int = 0) -> None:
         self.text, self.source = text, source
-        self.base_line, self.base_column = line, column  # where `text` starts in its file
-        self._mark = (0, 1)  # (offset, line number at that offset) of the last `where`
-        self.tokens = _TOKEN.finditer(text)
+        self.start = start  # reading begins at text[start]
+        self.base_line, self.base_column = line, column  # where text[start] is in its file
+        self._mark = (start, 1)  # (offset, line number at that offset) of the last `where`
+        self.tokens = _TOKEN.finditer(text, start)
         # id(map) -> (its keys, their offsets), in reading order
         self.key_offsets: dict[int, tuple[list[Any], list[int]]] = {}
         self.depth = 0
+        self.end = start  # just past the last closing bracket read
 
     def where(self, pos: int) -> tuple[int, int]:
         # Forms are located in increasing order: count newlines from the last answer, not from
         # the start, or reading a 100,000-request file is quadratic.
-        start, line = self._mark if pos >= self._mark[0] else (0, 1)
+        start, line = self._mark if pos >= self._mark[0] else (self.start, 1)
         line += self.text.count("\n", start, pos)
         self._mark = (pos, line)
-        col = pos - (self.text.rfind("\n", 0, pos) + 1) + 1
-        return line + self.base_line - 1, col + (self.base_column - 1 if line == 1 else 0)
+        if line == 1:
+            return self.base_line, pos - self.start + self.base_column
+        return line + self.base_line - 1, pos - self.text.rfind("\n", self.start, pos)
 
     def enter(self, pos: int) -> None:
         # Bounded nesting: '[' x 500 must be a located error, not Python's RecursionError.
@@ -402,6 +407,7 @@ class _Reader:
             elif kind == "close":
                 if m.group() != closer:
                     raise self.fail(f"expected '{closer}' to close '{opener}', found '{m.group()}'", m.start())
+                self.end = m.end()
                 break
             else:
                 v = self.read(m)
@@ -483,6 +489,17 @@ def read_forms(text: str, source: str = "<string>", *, line: int = 1, column: in
         fl, fc = r.where(m.start())
         yield Form(v, source, fl, fc, index, r)
         index += 1
+
+
+def read_coll_at(text: str, pos: int, source: str, line: int, column: int) -> tuple[Form, int]:
+    """The collection that opens at `text[pos]` (`line`:`column` of `source`), read in place, and the
+    offset just past it: no copy of its text. Raises `EdnError` where reading it alone would; `text`
+    may end before it closes (a buffer of a larger file): then it raises too."""
+    r = _Reader(text, source, line, column, pos)
+    m = r.next()
+    if m is None or m.lastgroup != "open" or m.start() != pos:
+        raise r.fail("no collection opens here", pos)
+    return Form(r.read(m), source, line, column, 0, r), r.end
 
 
 def read_all(text: str, source: str = "<string>") -> list[Edn]:

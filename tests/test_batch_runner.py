@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import random
 from collections import Counter
@@ -186,6 +187,19 @@ def test_cli_unreachable_server_every_record_typed_and_summary_written(
     assert "batch complete: 12 records" in err
     summary = read_all(summary_path.read_text())[0]
     assert summary[kw("batch/outcomes")] == {kw("unreachable"): 11, kw("validation"): 1}
+
+
+def test_cli_run_leaves_the_callers_garbage_collector_as_it_found_it(tmp_path: Path) -> None:
+    # `run` freezes what is alive and collects less often while it runs; an embedding program keeps its settings
+    saved = gc.get_threshold()
+    gc.set_threshold(1234, 11, 12)
+    try:
+        main(["run", request_file(tmp_path, 3), "--base-url", "http://127.0.0.1:9", "--backend", "llamacpp",
+              "--output", str(tmp_path / "out.edn"), "--no-progress"])
+        assert gc.get_threshold() == (1234, 11, 12)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.set_threshold(*saved)
 
 
 def test_cli_several_base_urls_go_through_the_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

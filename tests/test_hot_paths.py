@@ -57,11 +57,11 @@ def test_not_event_stream_names_the_content_type() -> None:
     assert "application/json" in (not_event_stream("application/json") or "")
 
 
-@pytest.mark.parametrize("fast", [None, json.loads, lambda s: (_ for _ in ()).throw(ValueError("no"))])
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("data", ['{"a": 1}', ' {"a": [1, 2.5, null]} ', '{"x": NaN}', '{"big": 123456789012345678901234567890}',
                                   '"\\ud800"', '{"a": 1} x', "", "[DONE"])
 def test_json_chunk_answers_and_fails_like_json_loads(monkeypatch, fast, data) -> None:
-    monkeypatch.setattr(oa, "_FAST_LOADS", fast)
+    monkeypatch.setattr(oa, "ORJSON", fast and oa.ORJSON)  # orjson when installed, and the plain path
     try:
         want = json.loads(data)
     except ValueError:
@@ -69,4 +69,4 @@ def test_json_chunk_answers_and_fails_like_json_loads(monkeypatch, fast, data) -
             oa.json_chunk(data)
         return
     got = oa.json_chunk(data)
-    assert json.dumps(got) == json.dumps(want)
+    assert repr(got) == repr(want)

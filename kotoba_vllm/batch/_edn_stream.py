@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import IO, Iterator
 
-from .._edn import WHITESPACE, EdnError, Form, read_forms
+from .._edn import WHITESPACE, EdnError, Form, read_coll_at, read_forms
 
 CHUNK = 1 << 20
 
@@ -128,7 +128,10 @@ class FormStream:
                 pos += self.off
 
     def __iter__(self) -> Iterator[Form | EdnError]:
-        for seg, line, col in self.segments():
+        for seg, line, col, form in self._pieces(read_maps=True):
+            if form is not None:
+                yield form
+                continue
             if not self.recover:
                 yield from _read_segment(seg, self.source, line, col)
                 continue
@@ -142,6 +145,14 @@ class FormStream:
     def segments(self) -> Iterator[tuple[str, int, int]]:
         """The raw text of each top-level form (usually one form, possibly a few atoms) with the
         line and column where it starts; `read_located` reads one back with the same positions."""
+        for seg, line, col, _ in self._pieces(read_maps=False):
+            yield seg, line, col
+
+    def _pieces(self, read_maps: bool) -> Iterator[tuple[str, int, int, Form | None]]:
+        """Each segment, or with `read_maps` a map that reads in place: a map's segment ends at its closing
+        brace, so reading it in the buffer gives the same form without cutting it first (half of reading a
+        request file). Anything that does not read so (an error, a map the buffer cuts) is cut and read as
+        before, with the same errors."""
         self._more()
         self._skip_blank()
         in_vector = False
@@ -162,7 +173,17 @@ class FormStream:
                     raise EdnError("a file that is one vector of requests must hold nothing after it",
                                    self.source, self.line, self.column)
                 return
+            line, col = self.line, self.column
+            if read_maps and self.buf.startswith("{", self.off):
+                try:
+                    form, end = read_coll_at(self.buf, self.off, self.source, line, col)
+                except EdnError:
+                    pass
+                else:
+                    self._advance(end)
+                    yield "", line, col, form
+                    continue
             end = self._cut(in_vector)
-            seg, line, col = self.buf[self.off:end], self.line, self.column
+            seg = self.buf[self.off:end]
             self._advance(end)
-            yield seg, line, col
+            yield seg, line, col, None

@@ -23,7 +23,7 @@ from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
 from .._model import TEXT_REQUESTS, StreamDelta, to_edn
 from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder, detect_format,
-                     iter_entries, journal_path, load_existing)
+                     batch_collector, iter_entries, journal_path, load_existing)
 from ..dialects import DIALECTS
 from ..local import LlamaServer, LocalServerError
 from ..capacity._view import DEFAULT_INTERVAL_S
@@ -259,7 +259,8 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     try:
         if args.local and local is not None:
             await local.ensure(client)
-        summary = await runner.run(iter_entries(args.file, in_fmt))
+        with batch_collector():  # the client and everything imported are alive by now
+            summary = await runner.run(iter_entries(args.file, in_fmt))
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

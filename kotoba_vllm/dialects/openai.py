@@ -17,7 +17,7 @@ from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, Detok
 from .._problems import Problem
 from .._sampling import KNOBS_BY_ATTR, STRUCTURED_ATTRS
 from .._timings import ClientClock, ServerTimings, build_timings
-from ._http import HttpRequest, error_object, stream_error
+from ._http import ORJSON, HttpRequest, error_object, loads_as_json, stream_error
 
 OPENAI_SAMPLING = frozenset({"temperature", "top_p", "max_tokens", "n", "presence_penalty", "frequency_penalty",
                              "stop", "seed", "logprobs", "guided_json"})
@@ -471,23 +471,14 @@ def schema_json(v: Any) -> Any:
 
 
 _RAW_DECODE = json.JSONDecoder().raw_decode
-_FAST_LOADS: Callable[[str], Any] | None
-try:  # optional: decoding is most of a chunk's cost, and orjson does it ~3x faster
-    from orjson import loads as _FAST_LOADS
-except ImportError:  # pragma: no cover - depends on the environment
-    _FAST_LOADS = None
 
 
 def json_chunk(data: str) -> Any:
-    """`json.loads` for one stream payload, faster. With orjson installed it decodes first; anything it
-    refuses (NaN, huge integers, lone surrogates, bad JSON) goes to `json.loads`, so the answer and
-    the errors are json's. Without it: `raw_decode` minus `json.loads`' per-call layers on the common
+    """`json.loads` for one stream payload, faster. With orjson installed, `loads_as_json` (json's answer
+    and errors, orjson's speed). Without it: `raw_decode` minus `json.loads`' per-call layers on the common
     exact-fit case; surrounding whitespace or trailing garbage falls back to `json.loads`."""
-    if _FAST_LOADS is not None:
-        try:
-            return _FAST_LOADS(data)
-        except ValueError:
-            return json.loads(data)
+    if ORJSON:
+        return loads_as_json(data)
     try:
         obj, end = _RAW_DECODE(data)
     except ValueError:
