@@ -410,12 +410,11 @@ def class_spec(cls: type) -> _Spec:
     return s
 
 
-def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Keyword] = ()) -> T | None:
+def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[Keyword] = frozenset()) -> T | None:
     spec = class_spec(cls)
     kwargs: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     before = len(ctx.problems)
-    skip = set(skip)
     for k, v in m.items():
         if skip and k in skip:
             continue
@@ -439,9 +438,11 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: Iterable[Key
             if e.msg:
                 ctx.bad("request/type", f"{k}: {e.msg}", k.name, m, k)
     for name in spec.required:
+        if name in kwargs:
+            continue
         key = next(k for n, k, _ in spec.fields if n == name)
         # a present-but-wrong value already has its problem; do not also call it missing
-        if name not in kwargs and not any(p.field == key.name for p in ctx.problems[before:]):
+        if not any(p.field == key.name for p in ctx.problems[before:]):
             ctx.bad("request/missing-key", f"{cls.__name__} needs {key}", key.name, m, None)
     if len(ctx.problems) > before:
         return None
@@ -534,7 +535,7 @@ def register(cls: type[T]) -> type[T]:
 
 
 def structure_located(m: Any, cls: type[T], form: Form | None = None,
-                      skip: Iterable[Keyword] = ()) -> tuple[T | None, list[Problem]]:
+                      skip: AbstractSet[Keyword] = frozenset()) -> tuple[T | None, list[Problem]]:
     """Structure with problems collected (and located when `form` is given)."""
     ctx = Ctx(form)
     if not isinstance(m, dict):

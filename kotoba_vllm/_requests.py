@@ -14,6 +14,7 @@ from ._problems import Problem
 K_ENDPOINT = kw("vllm/endpoint")
 K_MESSAGES = kw("vllm/messages")
 K_PROMPT = kw("vllm/prompt")
+_NOT_FIELDS = frozenset((K_ENDPOINT,))  # the dispatch key, read here
 
 
 def request_from_edn(m: Edn, form: Form | None = None) -> tuple[Request | None, list[Problem]]:
@@ -36,7 +37,7 @@ def request_from_edn(m: Edn, form: Form | None = None) -> tuple[Request | None, 
                               f"got {describe(endpoint)}", field="vllm/endpoint",
                               where=f"{form.source}:{loc[0]}:{loc[1]}" if form is not None and loc else where)]
     cls = REQUEST_CLASSES[endpoint.name]
-    req, problems = structure_located(m, cls, form, skip=(K_ENDPOINT,))
+    req, problems = structure_located(m, cls, form, skip=_NOT_FIELDS)
     return req, problems
 
 
