@@ -4,8 +4,9 @@ The client runs pinned to core 0 and the canned server (answering each POST afte
 core 1 where `taskset` exists. Per run: client CPU (its process and children, start-up
 excluded), throughput, p50/p99 latency, good answers (all N must be the canned text) and
 distinct connections the server accepted. Contenders rotate between rounds; the median of the
-rounds is reported. `run --pool` goes to two such servers with vLLM's probes (which they do
-not answer: both members are unmeasured), counting probe requests and the split.
+rounds is reported. `run --pool` goes to two members with vLLM's probes (which they do not
+answer: both members are unmeasured), counting probe requests and the split; the members are
+two ports of the same server process, so the pool and the plain contenders get the same server.
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
            contenders: tuple[str, ...] = CONTENDERS) -> tuple[list[dict[str, Any]], list[str]]:
     names, notes = available(contenders)
     results: list[dict[str, Any]] = []
-    with CannedServer(delay_ms=20, cpu=1) as a, CannedServer(delay_ms=20, cpu=1) as b:
-        notes.append(f"servers answer each POST after 20 ms; client on core 0, servers on core 1 "
-                     f"({'taskset' if shutil.which('taskset') else 'no taskset: not pinned'})")
+    # One server process on core 1 listening on two ports: every contender talks to the first port,
+    # `run --pool` to both (two members with exactly the server the plain contenders have alone).
+    with CannedServer(delay_ms=20, cpu=1, ports=2) as srv:
+        notes.append(f"server answers each POST after 20 ms; client on core 0, server on core 1 "
+                     f"({'taskset' if shutil.which('taskset') else 'no taskset: not pinned'}); the pool's two "
+                     f"members are two ports of that one server process")
         for conc in concs:
             n = n_for[conc]
             runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names + ["kotoba-run-pool"]}
@@ -76,10 +80,10 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
                 order = names[r % len(names):] + names[:r % len(names)]
                 for name in order + ["kotoba-run-pool"]:
                     step(f"d  conc {conc} round {r + 1}/{rounds}: {name}")
-                    sa, sb = a.stats(), b.stats()
-                    urls = [a.base_url, b.base_url] if name == "kotoba-run-pool" else [a.base_url]
+                    sa, sb = srv.stats(0), srv.stats(1)
+                    urls = srv.base_urls if name == "kotoba-run-pool" else srv.base_urls[:1]
                     res = child(name, urls, conc, n)
-                    ea, eb = a.stats(), b.stats()
+                    ea, eb = srv.stats(0), srv.stats(1)
                     res["connections"] = ea["connections"] - sa["connections"] - 1  # minus the stats call's own
                     res["load_1m"] = os.getloadavg()[0]
                     if name == "kotoba-run-pool":

@@ -11,7 +11,8 @@ request line, `content-length` and (for POSTs) the JSON body. Answers are prebui
   connections per contender from it; its own connection is counted too).
 
 `--delay-ms N` answers every POST N ms after reading it (a server that takes time, as a GPU does),
-without blocking the others.
+without blocking the others. `--ports 2` listens on two ports in the same process (two pool
+members with exactly the server resources one member has alone).
 
 Run it in its own process: `python benchmarks/canned_server.py [--port 0]` prints `PORT <n>` once
 listening. `CannedServer()` is a context manager that does exactly that from Python.
@@ -161,34 +162,41 @@ class Http(asyncio.Protocol):
         return NOT_FOUND
 
 
-async def serve(host: str, port: int, chunks: int, delay_ms: float = 0.0) -> None:
+async def serve(host: str, port: int, chunks: int, delay_ms: float = 0.0, ports: int = 1) -> None:
+    """Listen on `ports` ports (the first is `port`, the rest any free one), each with its own stats:
+    several "servers" sharing one process and one event loop."""
     loop = asyncio.get_running_loop()
     streams = _Streams()
-    stats = Stats()
-    server = await loop.create_server(lambda: Http(streams, chunks, delay_ms / 1e3, stats), host, port, backlog=4096)
-    print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
-    async with server:
-        await server.serve_forever()
+    servers = []
+    for i in range(ports):
+        stats = Stats()
+        servers.append(await loop.create_server(lambda stats=stats: Http(streams, chunks, delay_ms / 1e3, stats),
+                                                host, port if i == 0 else 0, backlog=4096))
+    print("PORT " + " ".join(str(s.sockets[0].getsockname()[1]) for s in servers), flush=True)
+    await asyncio.gather(*(s.serve_forever() for s in servers))
 
 
 class CannedServer:
-    """Start the canned server in a child process; `.base_url` once ready; stop on exit."""
+    """Start the canned server in a child process; `.base_url` once ready; stop on exit.
+    `ports=2`: the same process listens on two ports (`.base_urls`), each counted apart."""
 
-    def __init__(self, chunks: int = 1000, delay_ms: float = 0.0, cpu: int | None = None) -> None:
+    def __init__(self, chunks: int = 1000, delay_ms: float = 0.0, cpu: int | None = None, ports: int = 1) -> None:
         self.chunks = chunks
         self.delay_ms = delay_ms
         self.cpu = cpu  # pin to this core (taskset) when given and available
+        self.ports = ports
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
+        self.base_urls: list[str] = []
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, port_index: int = 0) -> dict[str, Any]:
         import urllib.request
-        with urllib.request.urlopen(self.base_url + "/_stats", timeout=10) as r:
+        with urllib.request.urlopen(self.base_urls[port_index] + "/_stats", timeout=10) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
     def __enter__(self) -> "CannedServer":
         argv = [sys.executable, os.path.abspath(__file__), "--port", "0", "--chunks", str(self.chunks),
-                "--delay-ms", str(self.delay_ms)]
+                "--delay-ms", str(self.delay_ms), "--ports", str(self.ports)]
         if self.cpu is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", str(self.cpu)] + argv
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -197,7 +205,8 @@ class CannedServer:
         if not line.startswith("PORT "):
             self.proc.kill()
             raise RuntimeError(f"canned server did not start: {line!r}")
-        self.base_url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.base_urls = [f"http://127.0.0.1:{int(p)}" for p in line.split()[1:]]
+        self.base_url = self.base_urls[0]
         return self
 
     @property
@@ -220,11 +229,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--chunks", type=int, default=1000, help="chunks per stream when the body has no max_tokens")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="answer every POST this many ms after reading it")
+    ap.add_argument("--ports", type=int, default=1, help="listen on this many ports in this one process")
     a = ap.parse_args()
     if a.host not in ("127.0.0.1", "::1", "localhost"):
         raise SystemExit("loopback only")
     try:
-        asyncio.run(serve(a.host, a.port, a.chunks, a.delay_ms))
+        asyncio.run(serve(a.host, a.port, a.chunks, a.delay_ms, a.ports))
     except KeyboardInterrupt:
         pass
 

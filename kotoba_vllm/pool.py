@@ -39,6 +39,7 @@ import httpx
 from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
                            server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
+from ._wire import AsyncWire, HttpxWire, default_wire
 from ._codec import BOOL, KW, MANY, NUM, STR
 from ._edn import Edn, EdnMap, Keyword, kw, read_file
 from ._errors import AdmissionRejected, ConfigError
@@ -51,6 +52,8 @@ from .capacity._verdict import Admission, merge_pool_capacity
 from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
 
 R = TypeVar("R", bound=Request)
+# How long the async pool keeps a probe connection idle: past the default interval plus a probe
+PROBE_KEEPALIVE_S = 5.0
 
 # ------------------------------------------------------------------ pool files
 
@@ -138,6 +141,8 @@ class _PoolCore:
         self._detected: dict[str, str] = {}
         self.last_capacity: PoolCapacity | None = None
         self.view = CapacityView(self.members, capacity_interval_s)
+        self._noted_cap: PoolCapacity | None = None  # the round `_notes` were made for
+        self._notes: dict[Admission, dict[str, Edn]] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.members)!r}, backend={self.backend!r})"
@@ -171,12 +176,20 @@ class _PoolCore:
         return self._annotate_text(resp, adm, cap)
 
     def _annotate_text(self, resp: Response, adm: Admission, cap: PoolCapacity) -> Response:
-        a = cap.answer_for(adm.member or "")
-        extras = dict(resp.extras)
-        extras.update({"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why})
-        if a is not None:
-            extras["capacity/verdict"] = kw(a.verdict)
-        return attrs.evolve(resp, extras=extras)
+        if self._noted_cap is not cap:
+            self._noted_cap, self._notes = cap, {}
+        notes = self._notes.get(adm)  # the same few admissions recur: their extras are made once a round
+        if notes is None:
+            a = cap.answer_for(adm.member or "")
+            notes = {"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why}
+            if a is not None:
+                notes["capacity/verdict"] = kw(a.verdict)
+            self._notes[adm] = notes
+        # `resp` is the answer our member client just made for this call and handed to nobody else: its
+        # extras dict is added to in place (a copy of the whole response costs more than the rest of
+        # the pool's work per request)
+        resp.extras.update(notes)
+        return resp
 
 
 def _retrieve(f: "asyncio.Future[Any]") -> None:
@@ -440,8 +453,13 @@ class AsyncPool(_PoolCore):
             u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
                            http_client=http_client)
             for u in self.members}
-        self._probe_headers = client_headers(api_key_or_env(api_key), headers)
-        self._probe_http = httpx.AsyncClient(timeout=self.probe_timeout)
+        # Probes go the way the members' requests go: over one aiohttp wire for every member (made
+        # on first use), or over the caller's httpx client (its proxies, its mocks).
+        probe_headers = client_headers(api_key_or_env(api_key), headers)
+        self._probe_wire: AsyncWire = (
+            HttpxWire(http_client, probe_headers) if http_client is not None
+            else default_wire(probe_headers, self.probe_timeout, True,
+                              httpx.Limits(max_connections=None, keepalive_expiry=PROBE_KEEPALIVE_S)))
 
     @classmethod
     def from_config(cls, config: PoolConfig, **kwargs: Any) -> "AsyncPool":
@@ -459,7 +477,7 @@ class AsyncPool(_PoolCore):
         if self._own_http:
             for c in self.clients.values():
                 await c.aclose()
-        await self._probe_http.aclose()
+            await self._probe_wire.aclose()  # a caller's client is the caller's to close
 
     async def __aenter__(self) -> "AsyncPool":
         return self
@@ -470,8 +488,7 @@ class AsyncPool(_PoolCore):
     async def capacity(self) -> PoolCapacity:
         """merge-pool-capacity: every member asked at once (a new round; the view keeps it)."""
         started = time.monotonic()
-        answers = await aprobe_endpoints(self.members, self.backend, http=self._probe_http,
-                                         headers=self._probe_headers, timeout=self.probe_timeout,
+        answers = await aprobe_endpoints(self.members, self.backend, http=self._probe_wire, timeout=self.probe_timeout,
                                          detected=self._detected, load_tracked=self.server_load_tracked)
         cap = merge_pool_capacity(answers, at=now_iso())
         self.view.record(cap, started)
@@ -506,7 +523,10 @@ class AsyncPool(_PoolCore):
     async def _admit(self, request: R, conversation: str | None
                      ) -> tuple[R, Admission, PoolCapacity, AsyncClient]:
         req = self._for_pool(request)
-        cap = await self._current()
+        view = self.view
+        cap = view.snapshot
+        if cap is None or not view.fresh(time.monotonic()) or view.interval_s <= 0:
+            cap = await self._current()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
         self._teach(client, adm.member or "")

@@ -122,6 +122,37 @@ def test_the_views_decision_is_admits_for_the_same_round_in_flight_and_freed_mem
         assert view.decide(snapshot, aff) == expected
 
 
+def _answer_with_reach(url: str, verdict: str, reached: bool) -> CapacityAnswer:
+    if verdict == UNMEASURED:  # a closed port (reached false) or an HTTP answer it could not read
+        return unmeasured(url, "vllm", "404" if reached else "connection refused", reachable=reached)
+    return answer(url, verdict)
+
+
+@given(st.lists(st.tuples(verdicts, st.booleans()), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["send", "finish", "finish-late"])), max_size=30))
+def test_every_decision_in_a_stream_of_sends_and_finishes_is_admits(
+        states: list[tuple[str, bool]], steps: list[tuple[int, str]]) -> None:
+    """The view's counts and its per-round reading give the same member and reason as `admit`
+    given the same counts, request after request (closed ports and freed slots included)."""
+    from kotoba_vllm.capacity._view import CapacityView
+
+    members = [_answer_with_reach(f"http://h{i}:8080", v, r) for i, (v, r) in enumerate(states)]
+    urls = [a.endpoint for a in members]
+    view = CapacityView(urls)
+    snapshot = merge_pool_capacity(members)
+    view.record(snapshot, started=10.0)
+    for i, what in steps:
+        u = urls[i % len(urls)]
+        if what == "send":
+            adm = view.decide(snapshot, None)
+            assert adm == admit(urls, members, None, inflight=view.inflight, freed=view.freed(), sent=view.sent)
+            if adm.member is not None:
+                view.begin(adm.member)
+        elif view.inflight[u]:
+            view.end(u, now=11.0 if what == "finish-late" else 9.0)
+    assert all(n >= 0 for n in view.inflight.values())
+
+
 @given(st.lists(st.text(max_size=6), min_size=1, max_size=5))
 def test_a_chat_goes_to_the_member_of_its_longest_earlier_turn_never_of_itself(texts: list[str]) -> None:
     from kotoba_vllm import ChatRequest, Message

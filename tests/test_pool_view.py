@@ -223,3 +223,62 @@ def test_run_refuses_a_negative_capacity_interval(tmp_path: Any, capsys: Any) ->
     assert main(["run", str(reqs), "--base-url", "http://a:1", "--base-url", "http://b:1",
                  "--capacity-interval", "-1"]) == 2
     assert "--capacity-interval must be a number of seconds >= 0" in capsys.readouterr().err
+
+
+def test_a_completion_that_extends_an_earlier_prompt_goes_back_to_its_member() -> None:
+    from kotoba_vllm import CompletionRequest
+    from kotoba_vllm.capacity._affinity import PROMPT_BLOCK, Affinity
+
+    aff = Affinity()
+    doc = "".join(f"line {i}\n" for i in range(200))  # several 256-character blocks
+    aff.remember(CompletionRequest(prompt=doc), B)
+    aff.remember(CompletionRequest(prompt="short"), A)
+    assert aff.lookup(CompletionRequest(prompt="short")) is None  # the same prompt again spreads
+    assert aff.lookup(CompletionRequest(prompt=doc + "continue")) == B  # it extends the served prompt
+    # a prompt sharing only the first whole blocks still finds the member holding those blocks
+    assert aff.lookup(CompletionRequest(prompt=doc[:2 * PROMPT_BLOCK] + "a different ending")) == B
+    assert aff.lookup(CompletionRequest(prompt="something else entirely " * 20)) is None
+    assert aff.lookup(CompletionRequest(prompt=[1, 2, 3])) is None
+
+
+def test_async_probes_go_over_the_callers_httpx_client_when_one_is_given() -> None:
+    import httpx
+
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url}")
+        if request.method == "GET":
+            return httpx.Response(404, json={"error": "not found"})
+        return httpx.Response(200, json=chat_answer("Hello"))
+
+    async def go() -> None:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        async with AsyncPool([A, B], backend="vllm", http_client=http, capacity_interval_s=60) as pool:
+            r = await pool.chat("hi")
+            assert r.text == "Hello" and r.extras["capacity/enforced?"] is False
+        assert not http.is_closed  # the caller's client is the caller's to close
+        await http.aclose()
+
+    asyncio.run(go())
+    probes = [s for s in seen if s.startswith("GET")]
+    assert sorted(probes) == sorted(f"GET {u}{p}" for u in (A, B) for p in PROBE_PATHS["vllm"])
+    assert sum(s.startswith("POST") for s in seen) == 1
+
+
+def test_async_probes_without_a_callers_client_go_over_aiohttp_and_reuse_their_connection() -> None:
+    async def go(urls: list[str]) -> tuple[str, int]:
+        async with AsyncPool(urls, backend="vllm", capacity_interval_s=0) as pool:
+            for i in range(3):  # a round before every request: three rounds
+                await pool.chat(f"q{i}")
+            return pool.clients[urls[0]].transport, pool.view.rounds
+
+    with FaultServer(_member_script(0.0)) as a, FaultServer(_member_script(0.0)) as b:
+        transport, rounds = asyncio.run(asyncio.wait_for(go([a.base_url, b.base_url]), 30))
+        probes = [s for s in a.seen + b.seen if s.method == "GET"]
+        agents = {s.headers.get("user-agent", "") for s in probes}
+        conns = {s.conn for s in a.seen if s.method == "GET"}
+    assert transport == "aiohttp" and rounds == 3
+    assert len(probes) == 3 * 2 * len(PROBE_PATHS["vllm"])
+    assert all(a.startswith("kotoba-vllm") for a in agents), agents  # the pool's own headers
+    assert len(conns) == 1  # kept alive between rounds

@@ -301,20 +301,32 @@ def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
 
     from kotoba_vllm import AsyncPool, Pool
     url = "http://vllm.invalid:8000"
-    with respx.mock(assert_all_called=False) as m:
-        m.get(url + "/metrics").respond(200, content=cassette_body(cassette("metrics-busy")),
-                                        headers={"content-type": cassette("metrics-busy").headers["content-type"]})
-        load = m.get(url + "/load").respond(200, content=cassette("load-tracked").raw)
-        if mode == "sync":
+    metrics, loaded = cassette("metrics-busy"), cassette("load-tracked")
+    if mode == "sync":  # httpx: respx
+        with respx.mock(assert_all_called=False) as m:
+            m.get(url + "/metrics").respond(200, content=cassette_body(metrics),
+                                            headers={"content-type": metrics.headers["content-type"]})
+            load = m.get(url + "/load").respond(200, content=loaded.raw)
             with Pool([url], backend="vllm", server_load_tracked=tracked) as pool:
                 cap = pool.capacity()
-        else:
+        load_asked = load.called
+    else:  # the async pool probes over aiohttp, which respx cannot see: the recorded bodies from a loopback server
+        from faultserver import FaultServer, Seen, Step, head, reply
+
+        def recorded(seen: Seen) -> list[Step]:
+            if seen.path == "/metrics":
+                body = cassette_body(metrics)
+                return [head(200, [("content-type", metrics.headers["content-type"])], length=len(body)) + body]
+            return reply(loaded.raw) if seen.path == "/load" else reply({"error": "not found"}, 404)
+
+        with FaultServer(recorded) as srv:
             async def go() -> Any:
-                async with AsyncPool([url], backend="vllm", server_load_tracked=tracked) as pool:
+                async with AsyncPool([srv.base_url], backend="vllm", server_load_tracked=tracked) as pool:
                     return await pool.capacity()
             cap = asyncio.run(go())
+            load_asked = any(s.path == "/load" for s in srv.seen)
     a = cap.members[0]
-    assert load.called is tracked
+    assert load_asked is tracked
     assert a.queue.server_load == (json.loads(cassette("load-tracked").raw)["server_load"] if tracked else None)
 
 

@@ -1,8 +1,8 @@
 """Conversation affinity (pure): remember which member served a conversation so its
 next turn goes back there and hits that member's prefix cache.
 
-Keys: an explicit conversation id, and hashes of message prefixes (a chat's next turn
-starts with the previous turn's messages) or of prompt prefixes in 256-character
+Keys: an explicit conversation id, and chained hashes of message prefixes (a chat's next
+turn starts with the previous turn's messages) or of prompt prefixes in 256-character
 blocks (a completion's next prompt extends the previous one). Only a strict prefix
 counts: a request that repeats an earlier one whole is independent, so it can spread.
 Bounded LRU.
@@ -10,33 +10,44 @@ Bounded LRU.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 PROMPT_BLOCK = 256
+Key = tuple[str, Any]  # ("m", chained hash) a message prefix, ("p", chained hash) a prompt prefix, ("c", id)
 
 
-def message_prefix_keys(messages: Sequence[Any]) -> list[str]:
+def _fingerprint(x: Any) -> int:
+    try:
+        return hash(x)  # frozen attrs messages hash their fields; the table lives in this process only
+    except TypeError:  # something unhashable inside: its text stands in
+        return hash(repr(x))
+
+
+def message_prefix_keys(messages: Sequence[Any]) -> list[Key]:
     """One key per prefix length 1..n; each key commits to every message before it."""
-    h = hashlib.sha256(b"messages")
-    out = []
+    h = 0
+    out: list[Key] = []
     for m in messages:
-        h.update(repr(m).encode("utf-8", "replace"))  # frozen attrs: repr is the content
-        h.update(b"\x00")
-        out.append("m:" + h.copy().hexdigest())
+        h = hash((h, _fingerprint(m)))
+        out.append(("m", h))
     return out
 
 
-def prompt_prefix_keys(prompt: str | Sequence[int]) -> list[str]:
-    """Keys for every whole 256-unit block boundary, then the full prompt."""
+def prompt_prefix_keys(prompt: str | Sequence[int]) -> list[Key]:
+    """Keys for every whole 256-unit block boundary, then the full prompt (one pass: each key
+    chains the previous one with the next block)."""
     seq = prompt if isinstance(prompt, str) else ",".join(map(str, prompt))
-    cuts = list(range(PROMPT_BLOCK, len(seq), PROMPT_BLOCK)) + [len(seq)]
-    return ["p:" + hashlib.sha256(seq[:c].encode("utf-8", "replace")).hexdigest() for c in cuts if c]
+    h = 0
+    out: list[Key] = []
+    for start in range(0, len(seq), PROMPT_BLOCK):
+        h = hash((h, seq[start:start + PROMPT_BLOCK]))
+        out.append(("p", h))
+    return out
 
 
-def request_keys(request: Any) -> list[str]:
+def request_keys(request: Any) -> list[Key]:
     messages = getattr(request, "messages", None)
     if messages:
         return message_prefix_keys(messages)
@@ -46,7 +57,7 @@ def request_keys(request: Any) -> list[str]:
     return []
 
 
-def _earlier_keys(request: Any) -> list[str]:
+def _earlier_keys(request: Any) -> list[Key]:
     """`request_keys(request)[-2::-1]`: the keys of its strict prefixes, longest first (a one-message
     chat has none, and hashes nothing)."""
     messages = getattr(request, "messages", None)
@@ -59,14 +70,14 @@ class Affinity:
     """LRU map from conversation keys to the member URL that served them."""
 
     def __init__(self, max_entries: int = 4096) -> None:
-        self._table: OrderedDict[str, str] = OrderedDict()
+        self._table: OrderedDict[Hashable, str] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
 
     def lookup(self, request: Any, conversation: str | None = None) -> str | None:
         """The member for this conversation id, else for the longest known *earlier* turn: a
         strict prefix of this request. The same request again is independent (it spreads)."""
-        keys = (["c:" + conversation] if conversation else []) + _earlier_keys(request)
+        keys = ([("c", conversation)] if conversation else []) + _earlier_keys(request)
         if not keys:
             return None
         with self._lock:
@@ -78,7 +89,7 @@ class Affinity:
         return None
 
     def remember(self, request: Any, member: str, conversation: str | None = None) -> None:
-        keys = (["c:" + conversation] if conversation else []) + request_keys(request)
+        keys = ([("c", conversation)] if conversation else []) + request_keys(request)
         with self._lock:
             for k in keys:
                 self._table[k] = member

@@ -1,6 +1,7 @@
 """I/O shells for the capacity probes: GET every path of every member at once, with
 short timeouts, and hand the bytes to the pure verdicts. Sync (threads) and async
-(asyncio.gather) differ only at the call sites.
+(asyncio.gather) differ only at the call sites. The async probes go over an httpx client or
+any of the async client's wires (`AsyncPool` probes over aiohttp, as its members send).
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ import asyncio
 import datetime as _dt
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import httpx
 
 from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend, server_root
 from .._errors import ConfigError
 from .._model import BACKENDS
+from .._wire import AsyncWire
 from ..dialects._http import decode_json
 from ._answer import CapacityAnswer, PoolCapacity
 from ._parse import Fetched, failure
@@ -42,7 +44,17 @@ def _transport_reason(e: httpx.HTTPError, timeout: httpx.Timeout) -> str:
     return f"{type(e).__name__}: {e or 'no detail'}"
 
 
-def _fetched(path: str, t0: float, r: httpx.Response | None = None, error: str | None = None) -> Fetched:
+class _Got(Protocol):
+    """What a probe reads of an answer: an httpx.Response, or a wire's answer."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+
+def _fetched(path: str, t0: float, r: _Got | None = None, error: str | None = None) -> Fetched:
     ms = round((time.perf_counter() - t0) * 1000, 3)
     if r is None:
         return Fetched(path, error=error, ms=ms)
@@ -177,15 +189,24 @@ def _apply_detection(eps: Sequence[str], known: list[str | None], reasons: list[
 # ------------------------------------------------------------------ async
 
 
-async def afetch_all(http: httpx.AsyncClient, jobs: Sequence[Job], *, headers: Mapping[str, str] | None = None,
+async def afetch_all(http: httpx.AsyncClient | AsyncWire, jobs: Sequence[Job], *,
+                     headers: Mapping[str, str] | None = None,
                      timeout: httpx.Timeout = PROBE_TIMEOUT) -> dict[Job, Fetched]:
+    """GET every (base, path) at once over an httpx client or a wire (which carries its own
+    headers; `headers` go on top); a failure is recorded, never raised."""
     h = dict(headers or DEFAULT_HEADERS)
+    client = http if isinstance(http, httpx.AsyncClient) else None
+    wire = None if isinstance(http, httpx.AsyncClient) else http
 
     async def one(job: Job) -> Fetched:
         base, path = job
         t0 = time.perf_counter()
         try:
-            r = await http.get(base + path, headers=h, timeout=timeout)
+            if client is not None:
+                r: _Got = await client.get(base + path, headers=h, timeout=timeout)
+            else:
+                assert wire is not None
+                r = await wire.send("GET", base + path, headers=headers, timeout=timeout)
         except httpx.HTTPError as e:
             return _fetched(path, t0, error=_transport_reason(e, timeout))
         return _fetched(path, t0, r)
@@ -194,7 +215,7 @@ async def afetch_all(http: httpx.AsyncClient, jobs: Sequence[Job], *, headers: M
 
 
 async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,
-                           http: httpx.AsyncClient | None = None, headers: Mapping[str, str] | None = None,
+                           http: httpx.AsyncClient | AsyncWire | None = None, headers: Mapping[str, str] | None = None,
                            timeout: httpx.Timeout = PROBE_TIMEOUT, detected: dict[str, str] | None = None,
                            load_tracked: bool = False) -> list[CapacityAnswer]:
     eps, bs = _normalise(endpoints, backend)

@@ -273,11 +273,14 @@ def demote_busy_endpoints(endpoints: Sequence[str],
     return [e for e in endpoints if not is_busy(e)] + [e for e in endpoints if is_busy(e)]
 
 
+UNMEASURED_WHY = "capacity unmeasured: admitted without enforcement"
+
+
 def _state(a: CapacityAnswer | None) -> str:
     return "no answer" if a is None else a.verdict
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a pool looks up the extras it writes for an admission by it
 class Admission:
     """Where a request goes (None: refused, nothing sent) and why."""
 
@@ -344,5 +347,5 @@ def admit_in_order(order: Sequence[str], by: Mapping[str, CapacityAnswer], affin
     if unknown:
         answered = [e for e in unknown if (a := ans(e)) is not None and a.reachable is not False]
         pick = aff_member if aff_member in unknown else least(answered or unknown)
-        return Admission(pick, "capacity unmeasured: admitted without enforcement", False)
+        return Admission(pick, UNMEASURED_WHY, False)
     return Admission(None, "all-slots-busy: every member was measured busy", True)

@@ -14,6 +14,9 @@ its own count of requests in flight per member, and every request in flight read
 - among equally eligible members the one with fewest of our requests in flight wins (then
   the one we sent fewest), so independent requests spread over unmeasured or equally free
   members, at any concurrency.
+
+A round is read once (answers by member, the demoted order, who is eligible); a decision is
+then a comparison of plain counts, and its `Admission` is one the view already made.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Sequence
 
 from .._errors import ConfigError
 from ._answer import CapacityAnswer, PoolCapacity
-from ._verdict import Admission, admit_in_order, answers_by_endpoint, demote_busy_endpoints
+from ._verdict import UNMEASURED_WHY, Admission, admit_in_order, answers_by_endpoint, demote_busy_endpoints
 
 DEFAULT_INTERVAL_S = 0.5
 
@@ -40,8 +43,15 @@ class CapacityView:
         self.sent = {m: 0 for m in self.members}
         self._last_done = {m: -math.inf for m in self.members}
         self.rounds = 0
-        # the last round read for a decision, its answers by endpoint and its demoted order (once per round)
-        self._read: tuple[PoolCapacity | None, dict[str, CapacityAnswer], list[str]] = (None, {}, [])
+        # The last round read for a decision: its answers by endpoint and demoted order, and, when no
+        # member was measured busy (so nothing our own requests free can change), the members an
+        # independent request chooses among by count, with whether they were measured free.
+        self._read: PoolCapacity | None = None
+        self._by: dict[str, CapacityAnswer] = {}
+        self._order: list[str] = []
+        self._eligible: tuple[str, ...] | None = None
+        self._measured_free = False
+        self._made: dict[tuple[str, int], Admission] = {}  # admissions already made, by member and count
 
     def fresh(self, now: float) -> bool:
         return self.snapshot is not None and now - self.started <= self.interval_s
@@ -57,19 +67,53 @@ class CapacityView:
         self.sent[member] = self.sent.get(member, 0) + 1
 
     def end(self, member: str, now: float) -> None:
-        self.inflight[member] = max(0, self.inflight.get(member, 0) - 1)
+        n = self.inflight.get(member, 0)
+        self.inflight[member] = n - 1 if n > 0 else 0
         self._last_done[member] = now
 
     def freed(self) -> list[str]:
         """Members that finished one of our requests since the snapshot's round started."""
         return [m for m, t in self._last_done.items() if t > self.started]
 
+    def _read_round(self, cap: PoolCapacity) -> None:
+        by = answers_by_endpoint(cap.members)
+        self._read, self._by, self._order = cap, by, demote_busy_endpoints(self.members, by)
+        self._made = {}
+        answers = [by.get(m.rstrip("/")) for m in self._order]
+        if any(a is not None and a.busy for a in answers):
+            self._eligible = None  # freed slots matter: every decision takes the general rule
+            return
+        free = tuple(m for m, a in zip(self._order, answers) if a is not None and a.available)
+        unknown = [(m, a) for m, a in zip(self._order, answers) if a is None or not a.measured]
+        answered = tuple(m for m, a in unknown if a is not None and a.reachable is not False)
+        self._eligible = free or answered or tuple(m for m, _ in unknown)
+        self._measured_free = bool(free)
+
     def decide(self, cap: PoolCapacity, affinity: str | None) -> Admission:
-        read, by, order = self._read
-        if read is not cap:
-            by = answers_by_endpoint(cap.members)
-            order = demote_busy_endpoints(self.members, by)
-            self._read = (cap, by, order)
-        started = self.started
-        freed = {m.rstrip("/") for m, t in self._last_done.items() if t > started}
-        return admit_in_order(order, by, affinity, inflight=self.inflight, freed=freed, sent=self.sent)
+        if self._read is not cap:
+            self._read_round(cap)
+        eligible = self._eligible
+        if affinity is not None or not eligible:
+            freed = {m.rstrip("/") for m, t in self._last_done.items() if t > self.started}
+            return admit_in_order(self._order, self._by, affinity, inflight=self.inflight, freed=freed,
+                                  sent=self.sent)
+        # the same choice as `admit_in_order`: fewest in flight, then fewest sent, then pool order
+        inflight, sent = self.inflight, self.sent
+        pick = eligible[0]
+        load, total = inflight.get(pick, 0), sent.get(pick, 0)
+        for m in eligible[1:]:
+            n = inflight.get(m, 0)
+            if n < load or (n == load and sent.get(m, 0) < total):
+                pick, load, total = m, n, sent.get(m, 0)
+        key = (pick, load if self._measured_free else 0)
+        adm = self._made.get(key)
+        if adm is None:
+            adm = self._made[key] = self._admission(pick, load)
+        return adm
+
+    def _admission(self, member: str, load: int) -> Admission:
+        if not self._measured_free:
+            return Admission(member, UNMEASURED_WHY, False)
+        why = "first member with a measured free slot" if load == 0 else \
+            f"measured free slot, fewest requests in flight ({load})"
+        return Admission(member, why, True)
