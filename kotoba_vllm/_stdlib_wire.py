@@ -397,6 +397,13 @@ class StdlibWire:
             for c in conns:
                 c.close()
 
+    def __del__(self) -> None:
+        # a Client dropped without close(): its idle sockets close now, not whenever they are collected
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
 
 def _readable(sock: socket.socket) -> bool:
     """An idle keep-alive socket is readable only when the server closed it (or misbehaved)."""

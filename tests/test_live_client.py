@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kotoba_vllm import AsyncClient, BadRequest, Client, ChatRequest, Message, Sampling
@@ -119,7 +120,8 @@ STREAM_REQ = ChatRequest(messages=tuple(HI), sampling=Sampling(max_tokens=4), st
 N = 1000
 
 
-def test_1000_sequential_streams_through_client(llama_url: str) -> None:
+@pytest.mark.parametrize("wire", ["stdlib", "httpx"])  # the default wire, and a caller's httpx client
+def test_1000_sequential_streams_through_client(llama_url: str, wire: str) -> None:
     failures: list[str] = []
     sent = 0
 
@@ -133,7 +135,9 @@ def test_1000_sequential_streams_through_client(llama_url: str) -> None:
             failures.append(f"{sent}: {type(e).__name__}: {e}")
         sent += 1
 
-    with Client(llama_url, backend="llamacpp", timeout=30.0) as c:
+    http = httpx.Client(timeout=30.0) if wire == "httpx" else None
+    with Client(llama_url, backend="llamacpp", timeout=30.0, http_client=http) as c:
+        assert c.transport == wire
         for _ in range(N):
             one()
         # Whether llama-server's close races our next request is timing: 111 in 1,000 on a loaded machine, 0 in

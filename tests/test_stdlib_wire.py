@@ -387,3 +387,21 @@ def test_a_header_value_that_cannot_be_sent_is_a_typed_error_not_a_resend() -> N
             c.chat(MSGS)
         requests = srv.requests
     assert requests == 0 and c.resends == 0
+
+
+def test_a_client_dropped_without_close_closes_its_idle_connections() -> None:
+    import gc
+    import warnings
+
+    with FaultServer() as srv:
+        c = client(srv.base_url)
+        c.chat(MSGS)
+        port = srv.base_url.rsplit(":", 1)[1]
+        gc.collect()  # earlier tests' garbage first
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del c
+            gc.collect()
+        assert srv.wait_idle(limit_s=2.0) == 0  # the server saw its connection close
+    ours = [w for w in caught if issubclass(w.category, ResourceWarning) and f", {port})" in str(w.message)]
+    assert not ours  # closed by the wire, not left to the collector
