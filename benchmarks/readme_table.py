@@ -72,7 +72,37 @@ def tables(result: dict[str, Any], name: str) -> str:
                        f"{_cell(tp_ratio, '.2f')}x | {_cell(r.get('probes_per_request'), '.3f')} | "
                        f"{_cell(100 * r['split_first'] if r.get('split_first') is not None else None, '.0f')}% |")
         out.append("")
+    out += sync_table(result)
     return "\n".join(out)
+
+
+SYNC_SCENARIOS = (("a. latency, small chat (median)", "latency (ms)", 1.1),
+                  ("b. client CPU per request", "CPU per request (us)", 1.1),
+                  ("c. client CPU per streamed chunk", "CPU per streamed chunk (us)", 1.2),
+                  ("d. heap per open stream", "heap per open stream (KB, async)", 1.5))
+SYNC_COLUMNS = (("kotoba", "kotoba `Client`"), ("httpx", "raw httpx"), ("http.client", "raw http.client"),
+                ("kotoba-httpx", "kotoba on a caller's httpx"), ("openai", "openai-python"))
+
+
+def sync_table(result: dict[str, Any]) -> list[str]:
+    """Scenarios a-c (sync `Client`, default wire) and the async heap per open stream, against raw httpx."""
+    rows = result.get("rows") or []
+    found = [(r, label, target) for scenario, label, target in SYNC_SCENARIOS
+             for r in rows if r.get("scenario") == scenario]
+    if not found:
+        return []
+    out = ["**Sync `Client` and streams (one process, contenders interleaved; target: kotoba / raw httpx)**", "",
+           "| measure | server | " + " | ".join(label for _, label in SYNC_COLUMNS) + " | kotoba / raw httpx | target |",
+           "|---" * (len(SYNC_COLUMNS) + 4) + "|"]
+    for r, label, target in found:
+        values, fmt = r.get("values") or {}, ".3f" if r.get("unit") == "ms" else ".1f"
+        ratio = (r.get("ratios") or {}).get("httpx")
+        met = "" if ratio is None else ("met" if ratio <= target else "**missed**")
+        out.append(f"| {label} | {r.get('server') or 'canned'} | "
+                   + " | ".join(_cell(values.get(k), fmt) for k, _ in SYNC_COLUMNS)
+                   + f" | {_cell(ratio, '.2f')}x | <= {target}x {met} |")
+    out.append("")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

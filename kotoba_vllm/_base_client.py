@@ -29,7 +29,7 @@ from ._resend import may_resend as evidence_allows_resend
 from ._timings import ClientClock
 from ._validate import send_problems
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
-from .dialects._http import decode_json, stream_error
+from .dialects._http import decode_json, may_hold_wide_int, stream_error
 
 RequestInput = Union[Request, EdnMap]
 """What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
@@ -238,13 +238,13 @@ class StreamRun:
         self.token_times: list[float] = []
         self.finished = False
 
-    def on_data(self, data: str, event: str | None = None) -> list[StreamDelta]:
+    def on_data(self, data: str, event: str | None = None, wide_ints: bool = True) -> list[StreamDelta]:
         if event == "error":
             obj = decode_json(data.encode())
             raise stream_error(obj if isinstance(obj, dict) else {"message": data}, self.plan.url,
                                self.decoder.partial_text)
         try:
-            deltas = self.decoder.feed(data)
+            deltas = self.decoder.feed(data, wide_ints)
         except KotobaError as e:
             e.endpoint = e.endpoint or self.plan.url  # a decoder may not know which server answered
             raise
@@ -296,13 +296,14 @@ class SseDecoder:
     and comments are ignored; a trailing event with no blank line is dropped. llama-server's
     non-standard `error:` field is kept as an `error` event so its failure is typed, not lost."""
 
-    __slots__ = ("_buf", "_data", "_event", "_skip_lf")
+    __slots__ = ("_buf", "_data", "_event", "_skip_lf", "_carry_wide")
 
     def __init__(self) -> None:
         self._buf = b""
         self._data: list[str] = []
         self._event: str | None = None
         self._skip_lf = False  # the last chunk ended in CR: a leading LF belongs to that CRLF
+        self._carry_wide = False  # the event in progress has a line from an earlier read with a 19-digit run
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
         return list(self.events(chunk))
@@ -310,6 +311,12 @@ class SseDecoder:
     def events(self, chunk: bytes) -> Iterator[tuple[str | None, str]]:
         """`feed`, lazily: each event is decoded only when asked for, so a consumer holding the
         first delta of a large read does not hold every event of that read decoded."""
+        for event, data, _ in self.payloads(chunk):
+            yield event, data
+
+    def payloads(self, chunk: bytes) -> Iterator[tuple[str | None, str, bool]]:
+        """`events`, each with whether its bytes may hold 19+ digits in a row (a JSON integer orjson reads as
+        a float): checked once per read over every line it completes, carried while an event spans reads."""
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
@@ -322,6 +329,8 @@ class SseDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         cut = buf.rfind(b"\n") + 1
         self._buf = buf[cut:]  # an incomplete last line waits for the next read
+        read_wide = may_hold_wide_int(buf)
+        wide = read_wide or self._carry_wide
         data = self._data
         start, find = 0, buf.find
         while start < cut:
@@ -334,8 +343,9 @@ class SseDecoder:
                 if data or self._event is not None:
                     event, self._event = self._event, None
                     self._data = []
-                    yield event, "\n".join(data)
+                    yield event, "\n".join(data), wide
                     data = self._data
+                    wide = read_wide  # the next event's lines are all from this read
             elif line[:1] != b":":
                 name, _, value = line.partition(b":")
                 if value[:1] == b" ":
@@ -347,6 +357,7 @@ class SseDecoder:
                 elif name == b"error":  # llama-server writes mid-stream failures as `error: {...}` lines
                     data.append(value.decode("utf-8", "replace"))
                     self._event = "error"
+        self._carry_wide = wide and bool(data or self._event is not None)
 
 
 def server_root(url: str) -> str:

@@ -64,8 +64,8 @@ class Stream:
                                         partial_text=run.partial_text)
                 sse = SseDecoder()
                 for chunk in self._http.iter_bytes():
-                    for event, data in sse.feed(chunk):
-                        yield from run.on_data(data, event)
+                    for event, data, wide in sse.payloads(chunk):
+                        yield from run.on_data(data, event, wide)
             except httpx.HTTPError as e:
                 raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
             self.response = run.on_end()
@@ -126,8 +126,8 @@ class AsyncStream:
                 sse = SseDecoder()
                 async for chunk in self._http.aiter_bytes():
                     # lazily: many async streams are open at once, each holding only what it has read
-                    for event, data in sse.events(chunk):
-                        for d in run.on_data(data, event):
+                    for event, data, wide in sse.payloads(chunk):
+                        for d in run.on_data(data, event, wide):
                             yield d
             except httpx.HTTPError as e:
                 raise transport_error(e, plan.url, self._timeout, run.partial_text) from e

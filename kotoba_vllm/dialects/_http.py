@@ -86,9 +86,23 @@ _DIGITS_TO_0 = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGITS = b"0" * 19
 
 
+def may_hold_wide_int(raw: bytes) -> bool:
+    """Whether `raw` holds 19+ digits in a row (an integer orjson would read differently from json)."""
+    return _LONG_DIGITS in raw.translate(_DIGITS_TO_0)
+
+
 def _orjson_reads_it_as_json(text: bytes | str) -> bool:
-    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
-    return _LONG_DIGITS not in raw.translate(_DIGITS_TO_0)
+    return not may_hold_wide_int(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+
+
+def loads_narrow(text: str) -> Any:
+    """`loads_as_json` for text already known to hold no 19-digit run (a stream read checked as a whole)."""
+    if _ORJSON_LOADS is not None:
+        try:
+            return _ORJSON_LOADS(text)
+        except ValueError:
+            pass
+    return json.loads(text)
 
 
 def loads_as_json(text: bytes | str) -> Any:
@@ -196,5 +210,5 @@ def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | 
                error_type=str(etype) if etype else None, partial_text=partial_text)
 
 
-__all__ = ["ORJSON", "HttpRequest", "classify_error", "decode_json", "error_object", "loads_as_json", "parse_retry_after", "stream_error",
+__all__ = ["ORJSON", "HttpRequest", "classify_error", "decode_json", "error_object", "loads_as_json", "loads_narrow", "may_hold_wide_int", "parse_retry_after", "stream_error",
            "ServerError"]
