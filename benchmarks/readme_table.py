@@ -81,7 +81,7 @@ SYNC_SCENARIOS = (("a. latency, small chat (median)", "latency (ms)", 1.1),
                   ("c. client CPU per streamed chunk", "CPU per streamed chunk (us)", 1.2),
                   ("d. heap per open stream", "heap per open stream (KB, async)", 1.5))
 SYNC_COLUMNS = (("kotoba", "kotoba `Client`"), ("httpx", "raw httpx"), ("http.client", "raw http.client"),
-                ("kotoba-httpx", "kotoba on a caller's httpx"), ("openai", "openai-python"))
+                ("kotoba_httpx", "kotoba on a caller's httpx"), ("openai", "openai-python"))
 
 
 def sync_table(result: dict[str, Any]) -> list[str]:
