@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import json as _json
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 import httpx
@@ -172,7 +172,7 @@ class AiohttpWire:
         self._keepalive = keepalive_s if keepalive_s is not None else 5.0
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
-        self._urls: dict[str, URL] = {}
+        self._url: Callable[[str], URL] = functools.lru_cache(maxsize=256)(URL)
         self._timeouts: dict[tuple[Any, ...], aiohttp.ClientTimeout] = {}
 
     @property
@@ -191,13 +191,6 @@ class AiohttpWire:
                                               cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
         return self._session
 
-    def _url(self, url: str) -> URL:
-        parsed = self._urls.get(url)
-        if parsed is None:
-            if len(self._urls) >= 256:
-                self._urls.clear()
-            parsed = self._urls[url] = URL(url)
-        return parsed
 
     def _timeout(self, t: httpx.Timeout) -> aiohttp.ClientTimeout:
         key = (t.connect, t.read, t.write, t.pool)

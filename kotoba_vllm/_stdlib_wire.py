@@ -16,6 +16,7 @@ pool, h11); this wire keeps what `Client` needs and nothing else (docs/transport
 
 from __future__ import annotations
 
+import functools
 import http.client
 import io
 import json as _json
@@ -25,7 +26,7 @@ import ssl
 import threading
 import time
 import zlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import httpx
@@ -293,7 +294,7 @@ class StdlibWire:
         self._keepalive_s = keepalive_s if keepalive_s is not None else 5.0
         self._idle: dict[tuple[bool, str, int], list[_Connection]] = {}
         self._lock = threading.Lock()
-        self._origins: dict[str, _Origin] = {}
+        self._origin: Callable[[str], _Origin] = functools.lru_cache(maxsize=256)(_Origin)
         self._tls: ssl.SSLContext | None = None
         self.is_closed = False
 
@@ -306,13 +307,6 @@ class StdlibWire:
             self._tls = ctx
         return self._tls
 
-    def _origin(self, url: str) -> _Origin:
-        o = self._origins.get(url)
-        if o is None:
-            if len(self._origins) >= 256:
-                self._origins.clear()
-            o = self._origins[url] = _Origin(url)
-        return o
 
     def _checkout(self, o: _Origin) -> _Connection | None:
         """An idle connection to `o` still open and inside its keep-alive time, or None."""

@@ -17,7 +17,8 @@ The sync `Client` has the same pair: `StdlibWire` (`_stdlib_wire`, http.client, 
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator, Mapping, Protocol
+import functools
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Protocol
 
 import httpx
 
@@ -71,16 +72,9 @@ class HttpxWire:
     def __init__(self, http: httpx.AsyncClient, extra_headers: Mapping[str, str] | None = None) -> None:
         self.http = http
         self._headers = extra_headers
-        self._urls: dict[str, httpx.URL] = {}
-
-    def _url(self, url: str) -> httpx.URL:
         # parsing a URL string costs as much as the rest of building a request
-        parsed = self._urls.get(url)
-        if parsed is None:
-            if len(self._urls) >= 256:
-                self._urls.clear()
-            parsed = self._urls[url] = httpx.URL(url)
-        return parsed
+        self._url: Callable[[str], httpx.URL] = functools.lru_cache(maxsize=256)(httpx.URL)
+
 
     async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
@@ -167,15 +161,9 @@ class HttpxSyncWire:
     def __init__(self, http: httpx.Client, extra_headers: Mapping[str, str] | None = None) -> None:
         self.http = http
         self._headers = extra_headers
-        self._urls: dict[str, httpx.URL] = {}
+        # parsing a URL string costs as much as the rest of building a request
+        self._url: Callable[[str], httpx.URL] = functools.lru_cache(maxsize=256)(httpx.URL)
 
-    def _url(self, url: str) -> httpx.URL:
-        parsed = self._urls.get(url)
-        if parsed is None:
-            if len(self._urls) >= 256:
-                self._urls.clear()
-            parsed = self._urls[url] = httpx.URL(url)
-        return parsed
 
     def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
              headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
