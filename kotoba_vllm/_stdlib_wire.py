@@ -297,6 +297,7 @@ class StdlibWire:
         self._origin: Callable[[str], _Origin] = functools.lru_cache(maxsize=256)(_Origin)
         self._tls: ssl.SSLContext | None = None
         self.is_closed = False
+        self.idle_dropped = 0  # idle connections found closed or expired at checkout, never sent on
 
     def _context(self) -> ssl.SSLContext:
         if self._tls is None:
@@ -320,6 +321,7 @@ class StdlibWire:
             sock = conn.sock
             if sock is not None and now - conn.idle_since < self._keepalive_s and not _readable(sock):
                 return conn
+            self.idle_dropped += 1  # what a test and a curious user can see of the servers' closes
             conn.close()  # expired, or the server closed it (or sent bytes nobody asked for) while idle
 
     def _release(self, conn: _Connection, reusable: bool) -> None:

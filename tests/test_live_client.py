@@ -142,12 +142,15 @@ def test_1000_sequential_streams_through_client(llama_url: str, wire: str) -> No
             one()
         # Whether llama-server's close races our next request is timing: 111 in 1,000 on a loaded machine, 0 in
         # one quiet CI run. Keep going (every stream must still succeed) until the race is seen once.
-        while c.resends == 0 and sent < 5 * N:
+        # The default wire polls an idle connection before reusing it, so most closes are caught there, never
+        # sent on (counted as `idle_dropped`); the rest race our request and are resent on the evidence.
+        dropped = (lambda: c._wire.idle_dropped) if wire == "stdlib" else (lambda: 0)  # type: ignore[attr-defined]
+        while c.resends + dropped() == 0 and sent < 5 * N:
             one()
-        resends = c.resends
+        resends, idle_dropped = c.resends, dropped()
     assert failures == [], f"{len(failures)}/{sent} failed: {failures[:5]}"
-    # the stale keep-alives plain httpx loses were seen, with evidence, and resent
-    assert resends >= 1, f"no resend observed in {sent} streams: the evidence rule never fired"
+    # the stale keep-alives plain httpx loses were seen and handled: dropped before use, or resent on evidence
+    assert resends + idle_dropped >= 1, f"no server close seen in {sent} streams: the keep-alive rules never fired"
 
 
 def test_1000_sequential_streams_through_async_client(llama_url: str) -> None:
