@@ -246,3 +246,22 @@ def test_an_engine_refusal_at_send_still_lists_every_problem_read_time_found(
     assert code == 1 and records[0][K_ERROR] == kw("validation")
     codes = [p[kw("vllm/code")] for p in records[0][kw("vllm/problems")]]
     assert codes == [kw("sampling/stop"), kw("engine/unsupported")]
+
+
+def test_a_file_read_ahead_gives_the_same_entries_and_its_error_after_every_entry_before_it(tmp_path: Path) -> None:
+    # 150 requests (more than two read-ahead runs) inside a vector that is never closed: every request is
+    # an entry, in order, and only then does the input stop reading, exactly as when read one at a time.
+    reqs = [f'{{:vllm/endpoint :chat :vllm/messages [{{:vllm/role :user :vllm/content "q{i}"}}]}}' for i in range(150)]
+    f = tmp_path / "open.edn"
+    f.write_text("[" + "\n".join(reqs) + "\n", encoding="utf-8")
+    seen: list[int] = []
+    with pytest.raises(Exception, match="never closed"):
+        for e in iter_entries(str(f)):
+            seen.append(e.index)
+    assert seen == list(range(150))
+    server = FakeServer()
+    out = io.StringIO()
+    _, summary = run(iter_entries(str(f)), server, out, concurrency=4)
+    assert "never closed" in (summary.input_error or "")
+    assert [r[K_INDEX] for r in read_all(out.getvalue())] == list(range(150))
+

@@ -235,9 +235,9 @@ class BatchRunner:
             q = self._deadlines
             while q and q[0][1] is None:
                 q.popleft()
-            if not q and self._sweep is not None:
-                self._sweep.cancel()
-                self._sweep = None
+            # The sweep timer stays armed when the queue empties: it fires at a deadline no later than any
+            # sender started since, and re-arms for the first one still running. At 1 in flight, arming and
+            # cancelling a timer per request was a heap push and a cancelled handle per request.
         if task in self._expiring:  # past its deadline, unwound within the grace: a timeout all the same
             self._expired(task)
             return
@@ -335,7 +335,8 @@ class BatchRunner:
                 if not e.sendable:
                     self._record(e.index, self.recorder.invalid(e), "validation")
                     continue
-                await self.sink.wait_window(e.index, self.window, self._stop)
+                if e.index - self.sink.next >= self.window:  # the window is full: wait for the output
+                    await self.sink.wait_window(e.index, self.window, self._stop)
                 if not self._stop.is_set():
                     await sem.acquire()
                     if self._stop.is_set():
@@ -361,6 +362,9 @@ class BatchRunner:
             except asyncio.CancelledError:  # the run itself is cancelled: what is in flight is abandoned
                 self._abandon()
                 raise
+            if self._sweep is not None:
+                self._sweep.cancel()
+                self._sweep = None
             failures = self._failures
             self.sink.close(keep_journal=bool(ex.journal))
             self.summary.elapsed_s = time.perf_counter() - started
