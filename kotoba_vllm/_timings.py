@@ -122,8 +122,22 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
                          queue_ms=ms("queue_time"), ttft_ms=ms("first_token_latency"), e2e_ms=ms("e2e_latency"))
 
 
+_NO_SERVER = ServerTimings()
+# Token-count-only figures repeat (the same few counts across a batch) and are frozen: one instance each.
+_COUNTS: dict[int, Figure] = {}
+
+
+def _count(n: int) -> Figure:
+    f = _COUNTS.get(n)
+    if f is None:
+        if len(_COUNTS) >= 4096:
+            _COUNTS.clear()
+        f = _COUNTS[n] = Figure(provenance=SERVER, tokens=n)
+    return f
+
+
 def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:
-    s = server or ServerTimings()
+    s = server or _NO_SERVER
     # Prefill tokens are the ones the server computed: usage's prompt count includes the cached
     # prefix (llama.cpp's `prompt_n` already excludes it).
     prompt_n = s.prompt_n
@@ -135,7 +149,7 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     if s.prompt_ms is not None:
         prefill = _fig(SERVER, s.prompt_n, s.prompt_ms, None if s.prompt_ms_is_batch else _rate(s.prompt_n, s.prompt_ms))
     elif prompt_n is not None:
-        prefill = _fig(SERVER, prompt_n)  # a token count without a time: no rate claimed
+        prefill = _count(prompt_n)  # a token count without a time: no rate claimed
     else:
         prefill = UNAVAILABLE
 
@@ -154,12 +168,12 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
         rate = _rate(completion_n - 1, span_ms) if completion_n is not None and completion_n > 1 else None
         decode = _fig(CLIENT, completion_n, span_ms, rate)
     elif completion_n is not None:
-        decode = _fig(SERVER, completion_n)
+        decode = _count(completion_n)
     else:
         decode = UNAVAILABLE
 
     cached_n = s.cached_n if s.cached_n is not None else (usage.cached_tokens if usage else None)
-    cached = _fig(SERVER, cached_n) if cached_n is not None else UNAVAILABLE
+    cached = _count(cached_n) if cached_n is not None else UNAVAILABLE
 
     ttft = inter = e2e = UNAVAILABLE
     if clock is not None:
