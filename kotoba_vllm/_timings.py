@@ -137,6 +137,9 @@ def _count(n: int) -> Figure:
 
 
 def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:
+    if server is None and clock is not None and clock.first_token is None and clock.done is not None \
+            and not clock.token_times:
+        return _whole_answer_timings(usage, clock.done - clock.sent)
     s = server or _NO_SERVER
     # Prefill tokens are the ones the server computed: usage's prompt count includes the cached
     # prefix (llama.cpp's `prompt_n` already excludes it).
@@ -191,6 +194,23 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     queue = _fig(SERVER, ms=s.queue_ms) if s.queue_ms is not None else UNAVAILABLE
     return Timings(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e,
                    queue=queue)
+
+
+def _whole_answer_timings(usage: Usage | None, wall_s: float) -> Timings:
+    """`build_timings` for the most common answer, read whole with no server figures (OpenAI-style, vLLM):
+    token counts from usage, end-to-end from the client clock, the rest unavailable."""
+    prefill = decode = cached = UNAVAILABLE
+    if usage is not None:
+        if usage.prompt_tokens is not None:
+            computed = usage.prompt_tokens - (usage.cached_tokens or 0)
+            if computed >= 0:  # more cached than prompted: the counts disagree
+                prefill = _count(computed)
+        if usage.completion_tokens is not None:
+            decode = _count(usage.completion_tokens)
+        if usage.cached_tokens is not None:
+            cached = _count(usage.cached_tokens)
+    return Timings(prefill=prefill, decode=decode, cached=cached,
+                   end_to_end=Figure(provenance=CLIENT, ms=round(wall_s * 1000.0, 3)))
 
 
 def misleading_rate(completion_tokens: int | None, wall_ms: float | None) -> float | None:

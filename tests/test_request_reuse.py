@@ -110,3 +110,15 @@ async def test_the_wire_body_of_repeated_keyword_calls_is_what_one_call_sends() 
         bodies = [s.json() for s in srv.seen]
     assert bodies == [{"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}], "temperature": 0.5,
                        "max_tokens": 4} for i in range(3)]
+
+
+_counts = st.none() | st.integers(min_value=0, max_value=2**20)
+
+
+@given(st.none() | st.builds(Usage, prompt_tokens=_counts, completion_tokens=_counts, cached_tokens=_counts),
+       st.floats(min_value=0.0, max_value=1e4, allow_nan=False))
+def test_a_whole_answers_timings_are_what_the_general_rules_give(usage: Usage | None, wall: float) -> None:
+    from kotoba_vllm._timings import ServerTimings
+    quick = build_timings(None, usage, ClientClock(sent=1.0, done=1.0 + wall))
+    general = build_timings(ServerTimings(), usage, ClientClock(sent=1.0, done=1.0 + wall))  # no fast path
+    assert quick == general

@@ -262,8 +262,8 @@ class Dialect:
     def parse_usage(self, u: Any) -> Usage | None:
         if not isinstance(u, dict):
             return None
-        details = u.get("prompt_tokens_details") or {}
-        cdetails = u.get("completion_tokens_details") or {}
+        details = u.get("prompt_tokens_details") or _NONE
+        cdetails = u.get("completion_tokens_details") or _NONE
         return Usage(prompt_tokens=int_or_none(u.get("prompt_tokens")),
                      completion_tokens=int_or_none(u.get("completion_tokens")),
                      total_tokens=int_or_none(u.get("total_tokens")),
@@ -509,6 +509,7 @@ def json_chunk(data: str) -> Any:
     return obj if end == len(data) else json.loads(data)
 
 
+_NONE: dict[str, Any] = {}  # read only: an absent details map
 _SAMPLING_BODIES: dict[tuple[int, int, str], tuple[Sampling, dict[str, Any]]] = {}
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _SUPPORTED: dict[tuple[int, int, str], Sampling] = {}  # Samplings every knob of which an engine honours
@@ -516,6 +517,8 @@ _SUPPORTED: dict[tuple[int, int, str], Sampling] = {}  # Samplings every knob of
 
 def int_or_none(v: Any) -> int | None:
     """A count or index from the server: a non-negative int a float can hold, else unknown."""
+    if type(v) is int:  # what JSON gives: the rest of the test is for int subclasses (bool)
+        return v if 0 <= v <= 2**53 else None
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**53 else None
 
 
