@@ -495,26 +495,37 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
             text = "nil"
         parts.append(key_text + text)
     if extras:
+        skipped = _skip_names(skip) if skip else None
+        keys = _EXTRA_KEYS
         for name, x in extras.items():
-            key = _extra_key(name)
-            if not skip or key[0] not in skip:
-                parts.append(key[1] + dumps(x))
+            if skipped is not None and name in skipped:
+                continue
+            key_text = keys.get(name) or _extra_key(name)
+            parts.append(key_text + dumps(x))
     return parts
 
 
-# extra name -> (its keyword, "key " text): a pool writes the same four extras into every record
-_EXTRA_KEYS: dict[str, tuple[Keyword, str]] = {}
+# extra name -> its "key " text: a pool writes the same four extras into every record
+_EXTRA_KEYS: dict[str, str] = {}
 _EXTRA_KEYS_MAX = 4096  # names come from servers' answers too: past this many, new ones are not kept
+_SKIP_NAMES: dict[frozenset[Keyword], frozenset[str]] = {}  # a record's skipped keys, by their names
 
 
-def _extra_key(name: str) -> tuple[Keyword, str]:
-    key = _EXTRA_KEYS.get(name)
-    if key is None:
-        k = kw(name)
-        key = (k, dumps(k) + " ")  # raises for a name no reader reads back: nothing is kept then
-        if len(_EXTRA_KEYS) < _EXTRA_KEYS_MAX:
-            _EXTRA_KEYS[name] = key
-    return key
+def _extra_key(name: str) -> str:
+    text = dumps(kw(name)) + " "  # raises for a name no reader reads back: nothing is kept then
+    if len(_EXTRA_KEYS) < _EXTRA_KEYS_MAX:
+        _EXTRA_KEYS[name] = text
+    return text
+
+
+def _skip_names(skip: AbstractSet[Keyword]) -> frozenset[str]:
+    key = skip if isinstance(skip, frozenset) else frozenset(skip)
+    names = _SKIP_NAMES.get(key)
+    if names is None:
+        names = frozenset(k.name for k in key)
+        if len(_SKIP_NAMES) < 64:  # a batch skips one or two sets of head keys
+            _SKIP_NAMES[key] = names
+    return names
 
 
 def _entries_of(m: dict[Keyword, Edn], skip: AbstractSet[Keyword]) -> list[str]:
