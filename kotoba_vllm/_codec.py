@@ -348,8 +348,8 @@ def extras_field(namespaces: tuple[str, ...]) -> Any:
 
 
 class _Spec:
-    __slots__ = ("cls", "by_key", "fields", "extras_attr", "extras_ns", "required", "always", "writers", "default_texts",
-                 "_writers_without")
+    __slots__ = ("cls", "by_key", "field_names", "fields", "extras_attr", "extras_ns", "required", "always", "writers",
+                 "default_texts", "_writers_without")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -368,6 +368,7 @@ class _Spec:
                 self.fields.append((a.name, k, a.metadata["codec"]))
                 if a.default is attrs.NOTHING:
                     self.required.append(a.name)
+        self.field_names = frozenset(k.name for k in self.by_key)  # "vllm/text": the names extras are kept by
         # (attribute, key, "key " text, codec, written when nil) for `write_edn`
         self.writers: list[tuple[str, Keyword, str, Codec, bool]] = [
             (name, k, dumps(k) + " ", codec, name in self.always) for name, k, codec in self.fields]
@@ -477,7 +478,7 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
     if spec is None:
         return _entries_of(edn_converter.unstructure(obj), skip)
     extras = getattr(obj, spec.extras_attr) if spec.extras_attr is not None else None
-    if extras and any(kw(name) in spec.by_key for name in extras):  # an extra replaces a field: rare
+    if extras and not spec.field_names.isdisjoint(extras):  # an extra replaces a field: rare
         return _entries_of(_unstructure(obj), skip)
     parts: list[str] = []
     defaults = spec.default_texts
@@ -494,11 +495,37 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
             text = "nil"
         parts.append(key_text + text)
     if extras:
+        skipped = _skip_names(skip) if skip else None
+        keys = _EXTRA_KEYS
         for name, x in extras.items():
-            k = kw(name)
-            if not skip or k not in skip:
-                parts.append(dumps(k) + " " + dumps(x))
+            if skipped is not None and name in skipped:
+                continue
+            key_text = keys.get(name) or _extra_key(name)
+            parts.append(key_text + dumps(x))
     return parts
+
+
+# extra name -> its "key " text: a pool writes the same four extras into every record
+_EXTRA_KEYS: dict[str, str] = {}
+_EXTRA_KEYS_MAX = 4096  # names come from servers' answers too: past this many, new ones are not kept
+_SKIP_NAMES: dict[frozenset[Keyword], frozenset[str]] = {}  # a record's skipped keys, by their names
+
+
+def _extra_key(name: str) -> str:
+    text = dumps(kw(name)) + " "  # raises for a name no reader reads back: nothing is kept then
+    if len(_EXTRA_KEYS) < _EXTRA_KEYS_MAX:
+        _EXTRA_KEYS[name] = text
+    return text
+
+
+def _skip_names(skip: AbstractSet[Keyword]) -> frozenset[str]:
+    key = skip if isinstance(skip, frozenset) else frozenset(skip)
+    names = _SKIP_NAMES.get(key)
+    if names is None:
+        names = frozenset(k.name for k in key)
+        if len(_SKIP_NAMES) < 64:  # a batch skips one or two sets of head keys
+            _SKIP_NAMES[key] = names
+    return names
 
 
 def _entries_of(m: dict[Keyword, Edn], skip: AbstractSet[Keyword]) -> list[str]:

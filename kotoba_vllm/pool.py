@@ -39,7 +39,7 @@ import httpx
 from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
                            server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
-from ._wire import AsyncWire, HttpxWire, default_wire
+from ._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire, default_sync_wire, default_wire
 from ._codec import BOOL, KW, MANY, NUM, STR
 from ._edn import Edn, EdnMap, Keyword, kw, read_file
 from ._errors import AdmissionRejected, ConfigError
@@ -274,8 +274,13 @@ class Pool(_PoolCore):
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
                       http_client=http_client)
             for u in self.members}
-        self._probe_headers = client_headers(api_key_or_env(api_key), headers)
-        self._probe_http = httpx.Client(timeout=self.probe_timeout)
+        # Probes go the way the members' requests go: over one http.client wire for every member, or
+        # over the caller's httpx client (its proxies, its mocks). The wire is shared by the probe threads.
+        probe_headers = client_headers(api_key_or_env(api_key), headers)
+        self._probe_wire: SyncWire = (
+            HttpxSyncWire(http_client, probe_headers) if http_client is not None
+            else default_sync_wire(probe_headers, True, httpx.Limits(max_keepalive_connections=None,
+                                                                     keepalive_expiry=PROBE_KEEPALIVE_S)))
         self._executor = ThreadPoolExecutor(max_workers=min(32, 4 * len(self.members)),
                                             thread_name_prefix="kotoba-capacity")
 
@@ -293,7 +298,7 @@ class Pool(_PoolCore):
         if self._own_http:
             for c in self.clients.values():
                 c.close()
-        self._probe_http.close()
+            self._probe_wire.close()  # a caller's client is the caller's to close
         self._executor.shutdown(wait=False)
 
     def __enter__(self) -> "Pool":
@@ -305,8 +310,8 @@ class Pool(_PoolCore):
     def capacity(self) -> PoolCapacity:
         """merge-pool-capacity: every member asked at once (a new round; the view keeps it)."""
         started = time.monotonic()
-        answers = probe_endpoints(self.members, self.backend, http=self._probe_http, headers=self._probe_headers,
-                                  timeout=self.probe_timeout, executor=self._executor, detected=self._detected,
+        answers = probe_endpoints(self.members, self.backend, http=self._probe_wire, timeout=self.probe_timeout,
+                                  executor=self._executor, detected=self._detected,
                                   load_tracked=self.server_load_tracked)
         cap = merge_pool_capacity(answers, at=now_iso())
         self.view.record(cap, started)
@@ -447,6 +452,8 @@ class AsyncPool(_PoolCore):
                          capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
         self.model = model
         self._round: asyncio.Future[PoolCapacity] | None = None  # the probe round under way, if any
+        # how long past the interval the previous round may still be read while the next one runs
+        self._round_limit_s = self.probe_timeout.read or PROBE_TIMEOUT.read or 1.5
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
         self.clients: dict[str, AsyncClient] = {
@@ -501,17 +508,25 @@ class AsyncPool(_PoolCore):
         view = self.view
         if view.interval_s <= 0:
             return await self.capacity()
-        now = time.monotonic()
-        if not view.fresh(now):
-            round_ = self._start_round()
-            if view.snapshot is None or now - view.started > view.interval_s + self._round_limit_s:
-                await asyncio.shield(round_)  # one round at a time; the others read its result
-        assert view.snapshot is not None
-        return view.snapshot
+        cap = self._readable(time.monotonic())
+        if cap is None:
+            await asyncio.shield(self._start_round())  # one round at a time; the others read its result
+            cap = view.snapshot
+        assert cap is not None
+        return cap
 
-    @property
-    def _round_limit_s(self) -> float:
-        return self.probe_timeout.read or PROBE_TIMEOUT.read or 1.5
+    def _readable(self, now: float) -> PoolCapacity | None:
+        """The round a decision may read now without waiting (starting the next round when this one is
+        older than the interval); None: wait for a round (none yet, past the bound, or interval 0)."""
+        view = self.view
+        if view.fresh(now) and view.interval_s > 0:
+            return view.snapshot
+        if view.interval_s <= 0:
+            return None
+        self._start_round()
+        if view.snapshot is None or now - view.started > view.interval_s + self._round_limit_s:
+            return None
+        return view.snapshot
 
     def _start_round(self) -> "asyncio.Future[PoolCapacity]":
         r = self._round
@@ -523,9 +538,8 @@ class AsyncPool(_PoolCore):
     async def _admit(self, request: R, conversation: str | None
                      ) -> tuple[R, Admission, PoolCapacity, AsyncClient]:
         req = self._for_pool(request)
-        view = self.view
-        cap = view.snapshot
-        if cap is None or not view.fresh(time.monotonic()) or view.interval_s <= 0:
+        cap = self._readable(time.monotonic())
+        if cap is None:
             cap = await self._current()
         adm = self._decide(cap, req, conversation)
         client = self.clients[adm.member or ""]
@@ -553,8 +567,8 @@ class AsyncPool(_PoolCore):
         # `_admit` inline: the view's round is read without a round trip through the event loop
         req = self._for_pool(to_request(request))
         view = self.view
-        cap = view.snapshot
-        if cap is None or not view.fresh(time.monotonic()) or view.interval_s <= 0:
+        cap = self._readable(time.monotonic())
+        if cap is None:
             cap = await self._current()
         adm = self._decide(cap, req, conversation)
         member = adm.member or ""

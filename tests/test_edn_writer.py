@@ -51,3 +51,20 @@ def test_a_batch_record_is_the_generic_text_and_reads_back_in_both_readers(
     lines = Recorder("edn").ok(e, resp, deltas)
     assert lines == [dumps(to_edn(d)) for d in deltas] + [_generic_record(e, resp)]
     assert edn_format.loads(lines[-1]) == read_one(lines[-1])  # edn_format reads what we read
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.sampled_from(["pool/member", "pool/why", "capacity/enforced?", "capacity/verdict",
+                                        "vllm/text", "vllm/request-index", "vllm/request-id", "sglang/meta"]),
+                       st.none() | st.booleans() | st.text(max_size=8) | st.sampled_from([kw("capacity-free")]),
+                       max_size=5),
+       st.none() | st.integers(0, 99))
+def test_records_with_pool_extras_are_the_generic_text_every_time(extras: dict[str, Any], request_id: Any) -> None:
+    # the pool's extras (and extras named like a field or like the record's head keys), written twice:
+    # the second time from the writer's cached key texts
+    resp = Response(text="hi", extras=extras)
+    req = ChatRequest(messages=(Message(role="user", content="hi"),), request_id=request_id)
+    e = BatchEntry(3, "f.edn:1:1", req)
+    for _ in range(2):
+        assert Recorder("edn").ok(e, resp, []) == [_generic_record(e, resp)]
+        assert write_edn(resp) == dumps(to_edn(resp))

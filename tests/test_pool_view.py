@@ -282,3 +282,16 @@ def test_async_probes_without_a_callers_client_go_over_aiohttp_and_reuse_their_c
     assert len(probes) == 3 * 2 * len(PROBE_PATHS["vllm"])
     assert all(a.startswith("kotoba-vllm") for a in agents), agents  # the pool's own headers
     assert len(conns) == 1  # kept alive between rounds
+
+
+def test_sync_pool_probes_over_its_own_wire_with_the_key_and_keeps_the_connection() -> None:
+    # like its members' requests, the sync pool's probes go over http.client (not httpx): a real
+    # loopback server sees them, with the pool's key, one kept-alive connection for several rounds
+    with FaultServer(_member_script(0.0)) as srv:
+        with Pool([srv.base_url], backend="vllm", api_key="sk-probe", capacity_interval_s=0) as pool:
+            for _ in range(3):
+                pool.chat("hello")
+        probes = [s for s in srv.seen if s.method == "GET"]
+        assert [s.path for s in probes] == ["/metrics"] * 3  # one round before each request (interval 0)
+        assert {s.headers.get("authorization") for s in probes} == {"Bearer sk-probe"}
+        assert len({s.conn for s in probes}) == 1  # kept alive between rounds

@@ -297,34 +297,29 @@ def test_a_raced_admission_inside_a_stream_is_admission_rejected_with_the_text_s
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tracked", [False, True])
 def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
-    import respx
+    # both pools probe over their own wires (aiohttp, http.client), which respx cannot see: the
+    # recorded bodies from a loopback server
+    from faultserver import FaultServer, Seen, Step, head, reply
 
     from kotoba_vllm import AsyncPool, Pool
-    url = "http://vllm.invalid:8000"
     metrics, loaded = cassette("metrics-busy"), cassette("load-tracked")
-    if mode == "sync":  # httpx: respx
-        with respx.mock(assert_all_called=False) as m:
-            m.get(url + "/metrics").respond(200, content=cassette_body(metrics),
-                                            headers={"content-type": metrics.headers["content-type"]})
-            load = m.get(url + "/load").respond(200, content=loaded.raw)
-            with Pool([url], backend="vllm", server_load_tracked=tracked) as pool:
+
+    def recorded(seen: Seen) -> list[Step]:
+        if seen.path == "/metrics":
+            body = cassette_body(metrics)
+            return [head(200, [("content-type", metrics.headers["content-type"])], length=len(body)) + body]
+        return reply(loaded.raw) if seen.path == "/load" else reply({"error": "not found"}, 404)
+
+    with FaultServer(recorded) as srv:
+        if mode == "sync":
+            with Pool([srv.base_url], backend="vllm", server_load_tracked=tracked) as pool:
                 cap = pool.capacity()
-        load_asked = load.called
-    else:  # the async pool probes over aiohttp, which respx cannot see: the recorded bodies from a loopback server
-        from faultserver import FaultServer, Seen, Step, head, reply
-
-        def recorded(seen: Seen) -> list[Step]:
-            if seen.path == "/metrics":
-                body = cassette_body(metrics)
-                return [head(200, [("content-type", metrics.headers["content-type"])], length=len(body)) + body]
-            return reply(loaded.raw) if seen.path == "/load" else reply({"error": "not found"}, 404)
-
-        with FaultServer(recorded) as srv:
+        else:
             async def go() -> Any:
                 async with AsyncPool([srv.base_url], backend="vllm", server_load_tracked=tracked) as pool:
                     return await pool.capacity()
             cap = asyncio.run(go())
-            load_asked = any(s.path == "/load" for s in srv.seen)
+        load_asked = any(s.path == "/load" for s in srv.seen)
     a = cap.members[0]
     assert load_asked is tracked
     assert a.queue.server_load == (json.loads(cassette("load-tracked").raw)["server_load"] if tracked else None)

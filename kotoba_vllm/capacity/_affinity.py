@@ -91,13 +91,17 @@ class Affinity:
         return None
 
     def remember(self, request: Any, member: str, conversation: str | None = None) -> None:
-        keys = ([("c", conversation)] if conversation else []) + request_keys(request)
+        keys = request_keys(request)
+        if conversation:
+            keys.insert(0, ("c", conversation))
+        table = self._table
         with self._lock:
             for k in keys:
-                self._table[k] = member
-                self._table.move_to_end(k)
-            while len(self._table) > self._max:
-                self._table.popitem(last=False)
+                if k in table:
+                    table.move_to_end(k)
+                table[k] = member  # a new key goes in last: already the most recent
+            while len(table) > self._max:
+                table.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._table)

@@ -1,7 +1,8 @@
 """I/O shells for the capacity probes: GET every path of every member at once, with
 short timeouts, and hand the bytes to the pure verdicts. Sync (threads) and async
-(asyncio.gather) differ only at the call sites. The async probes go over an httpx client or
-any of the async client's wires (`AsyncPool` probes over aiohttp, as its members send).
+(asyncio.gather) differ only at the call sites. The probes go over an httpx client or any of
+the clients' wires (`AsyncPool` probes over aiohttp and `Pool` over http.client, as their
+members send).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import httpx
 from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend, server_root
 from .._errors import ConfigError
 from .._model import BACKENDS
-from .._wire import AsyncWire
+from .._wire import AsyncWire, SyncWire
 from ..dialects._http import decode_json
 from ._answer import CapacityAnswer, PoolCapacity
 from ._parse import Fetched, failure
@@ -110,16 +111,23 @@ def _normalise(endpoints: Sequence[str], backend: str | Sequence[str]) -> tuple[
 # ------------------------------------------------------------------ sync
 
 
-def fetch_all(http: httpx.Client, jobs: Sequence[Job], *, headers: Mapping[str, str] | None = None,
+def fetch_all(http: httpx.Client | SyncWire, jobs: Sequence[Job], *, headers: Mapping[str, str] | None = None,
               timeout: httpx.Timeout = PROBE_TIMEOUT, executor: Executor | None = None) -> dict[Job, Fetched]:
-    """GET every (base, path) concurrently; a failure is recorded, never raised."""
+    """GET every (base, path) concurrently over an httpx client or a sync wire (which carries its
+    own headers; `headers` go on top); a failure is recorded, never raised."""
     h = dict(headers or DEFAULT_HEADERS)
+    client = http if isinstance(http, httpx.Client) else None
+    wire = None if isinstance(http, httpx.Client) else http
 
     def one(job: Job) -> Fetched:
         base, path = job
         t0 = time.perf_counter()
         try:
-            r = http.get(base + path, headers=h, timeout=timeout)
+            if client is not None:
+                r: _Got = client.get(base + path, headers=h, timeout=timeout)
+            else:
+                assert wire is not None
+                r = wire.send("GET", base + path, headers=headers, timeout=timeout)
         except httpx.HTTPError as e:
             return _fetched(path, t0, error=_transport_reason(e, timeout))
         return _fetched(path, t0, r)
@@ -133,7 +141,7 @@ def fetch_all(http: httpx.Client, jobs: Sequence[Job], *, headers: Mapping[str, 
 
 
 def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,
-                    http: httpx.Client | None = None, headers: Mapping[str, str] | None = None,
+                    http: httpx.Client | SyncWire | None = None, headers: Mapping[str, str] | None = None,
                     timeout: httpx.Timeout = PROBE_TIMEOUT, executor: Executor | None = None,
                     detected: dict[str, str] | None = None, load_tracked: bool = False) -> list[CapacityAnswer]:
     """Ask every endpoint at once; answers in endpoint order. `detected` caches
