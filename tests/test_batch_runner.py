@@ -248,9 +248,9 @@ def test_an_engine_refusal_at_send_still_lists_every_problem_read_time_found(
     assert codes == [kw("sampling/stop"), kw("engine/unsupported")]
 
 
-def test_a_file_read_ahead_gives_the_same_entries_and_its_error_after_every_entry_before_it(tmp_path: Path) -> None:
-    # 150 requests (more than two read-ahead runs) inside a vector that is never closed: every request is
-    # an entry, in order, and only then does the input stop reading, exactly as when read one at a time.
+def test_an_unclosed_vector_of_many_requests_records_each_one_before_the_input_error(tmp_path: Path) -> None:
+    # 150 requests inside a vector that is never closed: every request is an entry and a record, in
+    # order, and only then does the input stop reading.
     reqs = [f'{{:vllm/endpoint :chat :vllm/messages [{{:vllm/role :user :vllm/content "q{i}"}}]}}' for i in range(150)]
     f = tmp_path / "open.edn"
     f.write_text("[" + "\n".join(reqs) + "\n", encoding="utf-8")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
 from typing import IO, Iterator
 
@@ -58,55 +56,20 @@ def iter_edn_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
         yield syntax_entry(i, f) if isinstance(f, EdnError) else entry_from_form(i, f)
 
 
-# Entries read at a time from a regular file. At low concurrency one entry read per answer ran the
-# reader cold each time (its code and data evicted while the process slept); a run of them keeps it warm.
-READ_AHEAD = 64
-
-
 def iter_entries(path: str, fmt: str | None = None) -> Iterator[BatchEntry]:
-    """Stream the entries of `path` ('-' is stdin) without reading the file whole; a regular file
-    `READ_AHEAD` entries at a time (stdin and pipes as their reader hands them over)."""
+    """Stream the entries of `path` ('-' is stdin) without reading the file whole."""
     fmt = detect_format(path, fmt)
     source = "<stdin>" if path == "-" else path
     fh = _open(path)
     try:
-        entries = _entries_of(fh, source, fmt)
-        yield from _read_ahead(entries, READ_AHEAD) if _is_regular(fh) else entries
+        if fmt == "jsonl":
+            yield from iter_jsonl_entries(fh, source)
+        else:
+            try:
+                yield from iter_edn_entries(fh, source)
+            except UnicodeDecodeError as e:
+                raise EdnError(f"not UTF-8 text ({e.reason})", source, 1, 1) from None
     finally:
         if fh is not sys.stdin:
             fh.close()
-
-
-def _entries_of(fh: IO[str], source: str, fmt: str) -> Iterator[BatchEntry]:
-    if fmt == "jsonl":
-        yield from iter_jsonl_entries(fh, source)
-        return
-    try:
-        yield from iter_edn_entries(fh, source)
-    except UnicodeDecodeError as e:
-        raise EdnError(f"not UTF-8 text ({e.reason})", source, 1, 1) from None
-
-
-def _is_regular(fh: IO[str]) -> bool:
-    try:
-        return stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
-    except (OSError, ValueError, AttributeError):  # no descriptor (a test's StringIO): one at a time
-        return False
-
-
-def _read_ahead(entries: Iterator[BatchEntry], n: int) -> Iterator[BatchEntry]:
-    """The same entries, read `n` at a time; an error while reading comes after every entry before it."""
-    while True:
-        chunk: list[BatchEntry] = []
-        try:
-            for e in entries:
-                chunk.append(e)
-                if len(chunk) == n:
-                    break
-        except BaseException:
-            yield from chunk
-            raise
-        yield from chunk
-        if len(chunk) < n:
-            return
 
