@@ -31,6 +31,8 @@ from ._errors import ConfigError
 
 _WATCH: contextvars.ContextVar["_Watch | None"] = contextvars.ContextVar("kotoba_attempt", default=None)
 JSON_HEADERS = {"content-type": "application/json"}
+# json.dumps with these settings builds a new encoder on every call; one encoder, the same bytes.
+_ENCODE = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 class CountingHandler(ResponseHandler):
@@ -210,7 +212,7 @@ class AiohttpWire:
         session = self._session or self._open()
         extra: Mapping[str, str] | None
         if json is not None:
-            content = _json.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            content = _ENCODE(json).encode()
             extra = self._extra_json[withhold_key]
         else:
             extra = self._extra[withhold_key]

@@ -18,7 +18,7 @@ from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
                       TransportError, Unreachable, ValidationError, register_secret)
-from ._model import (BACKENDS, REQUEST_TYPES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
+from ._model import (BACKENDS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
                      GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest)
 from ._openai_messages import MESSAGE_FIELDS, message_to_edn
 from ._origins import TrustedOrigins, origin_of, show
@@ -117,11 +117,32 @@ def _message_problem(i: int, msg: str, field: str | None = None) -> ValidationEr
     return ValidationError([Problem("error", "message/type", f"message {i}: {msg}", field=field)])
 
 
+_ROLES = frozenset(ROLES)
+
+
+def _plain_messages(messages: list[Any] | tuple[Any, ...]) -> tuple[Message, ...] | None:
+    """The common case, `[{"role": "user", "content": "..."}]`, typed without the general reader (the
+    same Message it would build); None when any message is anything else."""
+    out = []
+    for m in messages:
+        if type(m) is not dict or len(m) != 2:
+            return None
+        role, content = m.get("role"), m.get("content")
+        if type(role) is not str or role not in _ROLES or type(content) is not str:
+            return None
+        out.append(Message(role=role, content=content))
+    return tuple(out)
+
+
 def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
     """A string (one user turn), typed messages, EDN message maps or OpenAI-style dicts (with
     `tool_calls`, `tool_call_id` and `name` kept). What cannot be kept is a ValidationError."""
     if isinstance(messages, str):
         return (Message(role="user", content=messages),)
+    if type(messages) is list or type(messages) is tuple:
+        fast = _plain_messages(messages)
+        if fast is not None:
+            return fast
     if isinstance(messages, dict) or not isinstance(messages, Iterable):
         raise _message_problem(0, f"messages must be a string or a list of messages, got "
                                   f"{type(messages).__name__}")

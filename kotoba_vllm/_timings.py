@@ -122,8 +122,25 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
                          queue_ms=ms("queue_time"), ttft_ms=ms("first_token_latency"), e2e_ms=ms("e2e_latency"))
 
 
+_NO_SERVER = ServerTimings()
+# Token-count-only figures repeat (the same few counts across a batch) and are frozen: one instance each.
+_COUNTS: dict[int, Figure] = {}
+
+
+def _count(n: int) -> Figure:
+    f = _COUNTS.get(n)
+    if f is None:
+        if len(_COUNTS) >= 4096:
+            _COUNTS.clear()
+        f = _COUNTS[n] = Figure(provenance=SERVER, tokens=n)
+    return f
+
+
 def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:
-    s = server or ServerTimings()
+    if server is None and clock is not None and clock.first_token is None and clock.done is not None \
+            and not clock.token_times:
+        return _whole_answer_timings(usage, clock.done - clock.sent)
+    s = server or _NO_SERVER
     # Prefill tokens are the ones the server computed: usage's prompt count includes the cached
     # prefix (llama.cpp's `prompt_n` already excludes it).
     prompt_n = s.prompt_n
@@ -135,7 +152,7 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     if s.prompt_ms is not None:
         prefill = _fig(SERVER, s.prompt_n, s.prompt_ms, None if s.prompt_ms_is_batch else _rate(s.prompt_n, s.prompt_ms))
     elif prompt_n is not None:
-        prefill = _fig(SERVER, prompt_n)  # a token count without a time: no rate claimed
+        prefill = _count(prompt_n)  # a token count without a time: no rate claimed
     else:
         prefill = UNAVAILABLE
 
@@ -154,12 +171,12 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
         rate = _rate(completion_n - 1, span_ms) if completion_n is not None and completion_n > 1 else None
         decode = _fig(CLIENT, completion_n, span_ms, rate)
     elif completion_n is not None:
-        decode = _fig(SERVER, completion_n)
+        decode = _count(completion_n)
     else:
         decode = UNAVAILABLE
 
     cached_n = s.cached_n if s.cached_n is not None else (usage.cached_tokens if usage else None)
-    cached = _fig(SERVER, cached_n) if cached_n is not None else UNAVAILABLE
+    cached = _count(cached_n) if cached_n is not None else UNAVAILABLE
 
     ttft = inter = e2e = UNAVAILABLE
     if clock is not None:
@@ -177,6 +194,23 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     queue = _fig(SERVER, ms=s.queue_ms) if s.queue_ms is not None else UNAVAILABLE
     return Timings(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e,
                    queue=queue)
+
+
+def _whole_answer_timings(usage: Usage | None, wall_s: float) -> Timings:
+    """`build_timings` for the most common answer, read whole with no server figures (OpenAI-style, vLLM):
+    token counts from usage, end-to-end from the client clock, the rest unavailable."""
+    prefill = decode = cached = UNAVAILABLE
+    if usage is not None:
+        if usage.prompt_tokens is not None:
+            computed = usage.prompt_tokens - (usage.cached_tokens or 0)
+            if computed >= 0:  # more cached than prompted: the counts disagree
+                prefill = _count(computed)
+        if usage.completion_tokens is not None:
+            decode = _count(usage.completion_tokens)
+        if usage.cached_tokens is not None:
+            cached = _count(usage.cached_tokens)
+    return Timings(prefill=prefill, decode=decode, cached=cached,
+                   end_to_end=Figure(provenance=CLIENT, ms=round(wall_s * 1000.0, 3)))
 
 
 def misleading_rate(completion_tokens: int | None, wall_ms: float | None) -> float | None:

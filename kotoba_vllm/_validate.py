@@ -13,7 +13,23 @@ from ._sampling import KNOBS_BY_ATTR, STRUCTURED_ATTRS
 from .dialects import get_dialect
 
 
+# Samplings found clean, by identity (held, so an id is not reused while here): every value checked
+# below is immutable in a frozen Sampling, and batches and keyword arguments repeat the same few.
+_CLEAN_SAMPLINGS: dict[int, Sampling] = {}
+
+
 def sampling_problems(s: Sampling) -> list[Problem]:
+    if _CLEAN_SAMPLINGS.get(id(s)) is s:
+        return []
+    out = _sampling_problems(s)
+    if not out:
+        if len(_CLEAN_SAMPLINGS) >= 1024:
+            _CLEAN_SAMPLINGS.clear()
+        _CLEAN_SAMPLINGS[id(s)] = s
+    return out
+
+
+def _sampling_problems(s: Sampling) -> list[Problem]:
     out: list[Problem] = []
     for attr, knob in KNOBS_BY_ATTR.items():
         v = getattr(s, attr)

@@ -55,12 +55,17 @@ class Dialect:
             return out
         sampling: Sampling | None = getattr(req, "sampling", None)
         supported = self.sampling_support.get(ep, frozenset())
-        if sampling is not None:
+        if sampling is not None and _SUPPORTED.get((id(self), id(sampling), ep)) is not sampling:
+            before = len(out)
             for attr, knob in KNOBS_BY_ATTR.items():
                 if getattr(sampling, attr) is not None and attr not in supported:
                     out.append(Problem("error", "engine/unsupported", f"{self.name} does not honour :{knob.key} on "
                                        f"the {ep} route; it would be ignored or rejected",
                                        field=knob.key, engine=self.name))
+            if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
+                if len(_SUPPORTED) >= 1024:
+                    _SUPPORTED.clear()
+                _SUPPORTED[(id(self), id(sampling), ep)] = sampling
         for key in req.extras:
             spec = self.extras.get(key)
             if spec is None or ep not in spec[1]:
@@ -94,7 +99,7 @@ class Dialect:
             return self.render_generate(req)
         stream = bool(req.stream)
         if req.sampling is not None:
-            self.render_sampling(req.sampling, ep, body)
+            body.update(self.sampling_body(req.sampling, ep))
         for key, value in req.extras.items():
             body[self.extras[key][0]] = edn_to_json(value)
         if stream:
@@ -131,6 +136,22 @@ class Dialect:
                                  for t in m.tool_calls]
         if m.reasoning is not None:
             out["reasoning_content"] = m.reasoning
+        return out
+
+    def sampling_body(self, s: Sampling, ep: str) -> dict[str, Any]:
+        """`render_sampling` on its own, rendered once per Sampling of plain values (a batch, or keyword
+        arguments, repeat the same few; the result holds only immutable values, so it is shared safely)."""
+        key = (id(self), id(s), ep)
+        hit = _SAMPLING_BODIES.get(key)
+        if hit is not None and hit[0] is s:
+            return hit[1]
+        out: dict[str, Any] = {}
+        self.render_sampling(s, ep, out)
+        # structured outputs may be built from a caller's mutable map: rendered afresh every time
+        if all(type(v) in _PLAIN for v in out.values()) and all(getattr(s, a) is None for a in STRUCTURED_ATTRS):
+            if len(_SAMPLING_BODIES) >= 1024:
+                _SAMPLING_BODIES.clear()
+            _SAMPLING_BODIES[key] = (s, out)  # holding `s` keeps its id from being reused while here
         return out
 
     def render_sampling(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
@@ -241,8 +262,8 @@ class Dialect:
     def parse_usage(self, u: Any) -> Usage | None:
         if not isinstance(u, dict):
             return None
-        details = u.get("prompt_tokens_details") or {}
-        cdetails = u.get("completion_tokens_details") or {}
+        details = u.get("prompt_tokens_details") or _NONE
+        cdetails = u.get("completion_tokens_details") or _NONE
         return Usage(prompt_tokens=int_or_none(u.get("prompt_tokens")),
                      completion_tokens=int_or_none(u.get("completion_tokens")),
                      total_tokens=int_or_none(u.get("total_tokens")),
@@ -488,8 +509,16 @@ def json_chunk(data: str) -> Any:
     return obj if end == len(data) else json.loads(data)
 
 
+_NONE: dict[str, Any] = {}  # read only: an absent details map
+_SAMPLING_BODIES: dict[tuple[int, int, str], tuple[Sampling, dict[str, Any]]] = {}
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_SUPPORTED: dict[tuple[int, int, str], Sampling] = {}  # Samplings every knob of which an engine honours
+
+
 def int_or_none(v: Any) -> int | None:
     """A count or index from the server: a non-negative int a float can hold, else unknown."""
+    if type(v) is int:  # what JSON gives: the rest of the test is for int subclasses (bool)
+        return v if 0 <= v <= 2**53 else None
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**53 else None
 
 
