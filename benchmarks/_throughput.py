@@ -78,7 +78,9 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
             runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names + ["kotoba-run-pool"]}
             for r in range(rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
-                for name in order + ["kotoba-run-pool"]:
+                # the pool runs right after the plain `run` it is compared with, so drift hits both alike
+                at = order.index("kotoba-run") + 1 if "kotoba-run" in order else len(order)
+                for name in order[:at] + ["kotoba-run-pool"] + order[at:]:
                     step(f"d  conc {conc} round {r + 1}/{rounds}: {name}")
                     sa, sb = srv.stats(0), srv.stats(1)
                     urls = srv.base_urls if name == "kotoba-run-pool" else srv.base_urls[:1]

@@ -41,7 +41,7 @@ class Sizes:
         self.stream_rounds, self.stream_chunks = (2, 1000) if quick else (4, 1000)
         self.concs = (1, 16, 64, 256)
         self.conc_n = {1: 100, 16: 600, 64: 600, 256: 600} if quick else {1: 300, 16: 3000, 64: 3000, 256: 3000}
-        self.conc_rounds = 1 if quick else 3
+        self.conc_rounds = 1 if quick else 5  # 3 let one noisy round in 3 decide a pool/run ratio at 256
         self.open_streams = 32 if quick else 128
         self.memory_total, self.memory_first = (2000, 500) if quick else (10_000, 1000)
         self.edn_sizes = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
