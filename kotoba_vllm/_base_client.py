@@ -356,6 +356,12 @@ class SseDecoder:
         start, find = 0, buf.find
         while start < cut:
             end = find(b"\n", start)
+            if not data and end + 1 < cut and buf[end + 1] == 10 and buf.startswith(b"data: ", start) \
+                    and self._event is None:  # the common event, one `data: ` line and its blank line: at once
+                yield None, buf[start + 6:end].decode("utf-8", "replace"), wide
+                start = end + 2
+                wide = read_wide
+                continue
             line = buf[start:end]
             start = end + 1
             if line[:6] == b"data: ":
