@@ -282,6 +282,8 @@ def main() -> None:
         res = run_cli(urls, conc, n, "openai")
     elif name == "kotoba-run-pool":
         res = run_cli(urls, conc, n, "vllm")  # vLLM's probes (/metrics, /load) are asked of every member
+    elif name == "kotoba-run-vllm":
+        res = run_cli(urls[:1], conc, n, "vllm")  # one member, the pool's dialect: the pool with no pool
     else:
         res = asyncio.run(run_peer(name, urls[0], conc, n))
     print(json.dumps(res), flush=True)

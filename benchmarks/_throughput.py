@@ -27,6 +27,8 @@ PEERS = os.path.join(HERE, "_peers.py")
 CONTENDERS = ("aiohttp", "kotoba", "kotoba-run", "httpx", "httpx2", "openai", "flexllm", "kotoba-httpx")
 PROBE_PATHS = ("/metrics", "/load")  # whichever of them vLLM's probe asks
 CHAT = "/v1/chat/completions"
+# run alongside the plain `run` (when it is a contender): the pool, and the pool's dialect on one member
+POOL_GROUP = ("kotoba-run", "kotoba-run-pool", "kotoba-run-vllm")
 
 
 def available(names: tuple[str, ...]) -> tuple[list[str], list[str]]:
@@ -75,12 +77,10 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
                      f"members are two ports of that one server process")
         for conc in concs:
             n = n_for[conc]
-            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names + ["kotoba-run-pool"]}
+            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in dict.fromkeys(names + list(POOL_GROUP[1:]))}
             for r in range(rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
-                # the pool runs right after the plain `run` it is compared with, so drift hits both alike
-                at = order.index("kotoba-run") + 1 if "kotoba-run" in order else len(order)
-                for name in order[:at] + ["kotoba-run-pool"] + order[at:]:
+                for name in _with_pool(order, r):
                     step(f"d  conc {conc} round {r + 1}/{rounds}: {name}")
                     sa, sb = srv.stats(0), srv.stats(1)
                     urls = srv.base_urls if name == "kotoba-run-pool" else srv.base_urls[:1]
@@ -98,6 +98,18 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
             for name, rs in runs.items():
                 results.append(summarise(name, conc, n, rs))
     return results, notes
+
+
+def _with_pool(order: list[str], r: int) -> list[str]:
+    """The round's order with `run --pool` and `run --backend vllm` on one member right next to the plain
+    `run` they are compared with, so drift hits the three alike; their order reverses every other round,
+    so none of them always runs first or right after the same other contender."""
+    order = [n for n in order if n not in POOL_GROUP[1:]]
+    if "kotoba-run" not in order:
+        return order + ["kotoba-run-pool"]
+    at = order.index("kotoba-run")
+    group = list(POOL_GROUP) if r % 2 == 0 else list(POOL_GROUP)[::-1]
+    return order[:at] + group + order[at + 1:]
 
 
 def summarise(name: str, conc: int, n: int, rs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -61,16 +61,25 @@ def tables(result: dict[str, Any], name: str) -> str:
         out.append("")
     pool = [r for r in tp if r["contender"] == "kotoba-run-pool"]
     if pool:
+        # the pool's dialect on one member with no pool, when the file has it: how far `run` itself moves
+        with_vllm = any(r["contender"] == "kotoba-run-vllm" for r in tp)
         out += ["**`run --pool` over two members (vLLM probes, both unmeasured)**", "",
                 "| in flight | CPU/request (ms) | vs plain `run` | throughput vs plain `run` | probes/request | "
-                "first member's share |", "|---|---|---|---|---|---|"]
+                "first member's share |" + (" `run --backend vllm` on one member: CPU, throughput vs plain `run` |"
+                                            if with_vllm else ""), "|---" * (7 if with_vllm else 6) + "|"]
         for r in sorted(pool, key=lambda r: r["concurrency"]):
             one = by.get(("kotoba-run", r["concurrency"]), {})
             cpu_ratio = r["cpu_ms_per_req"] / one["cpu_ms_per_req"] if one.get("cpu_ms_per_req") else None
             tp_ratio = r["req_per_s"] / one["req_per_s"] if one.get("req_per_s") else None
+            vl = by.get(("kotoba-run-vllm", r["concurrency"]), {})
+            vl_cpu = vl["cpu_ms_per_req"] / one["cpu_ms_per_req"] if vl.get("cpu_ms_per_req") and one.get(
+                "cpu_ms_per_req") else None
+            vl_tp = vl["req_per_s"] / one["req_per_s"] if vl.get("req_per_s") and one.get("req_per_s") else None
             out.append(f"| {r['concurrency']} | {_cell(r['cpu_ms_per_req'], '.2f')} | {_cell(cpu_ratio, '.2f')}x | "
                        f"{_cell(tp_ratio, '.2f')}x | {_cell(r.get('probes_per_request'), '.3f')} | "
-                       f"{_cell(100 * r['split_first'] if r.get('split_first') is not None else None, '.0f')}% |")
+                       f"{_cell(100 * r['split_first'] if r.get('split_first') is not None else None, '.0f')}% |"
+                       + ("" if not with_vllm else " — |" if vl_cpu is None else
+                          f" {vl_cpu:.2f}x, {_cell(vl_tp, '.2f')}x |"))
         out.append("")
     out += sync_table(result)
     return "\n".join(out)

@@ -168,11 +168,18 @@ def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[st
                             (("run", 1.5),),
                             f"probes/request {pool.get('probes_per_request', 0):.3f}; first member got "
                             f"{100 * pool.get('split_first', 0):.0f}%; throughput {pool.get('req_per_s') or 0:.0f}/s "
-                            f"vs run {one.get('req_per_s') or 0:.0f}/s"))
+                            f"vs run {one.get('req_per_s') or 0:.0f}/s" + _vllm_one(at.get("kotoba-run-vllm"))))
         for r in at.values():
             if r.get("error"):
                 notes.append(f"conc {conc} {r['contender']}: {r['error']}")
     return rows, res, notes
+
+
+def _vllm_one(r: dict[str, Any] | None) -> str:
+    """The pool's dialect on one member (no pool): how far `run` itself moves between runs."""
+    if not r or not r.get("cpu_ms_per_req") or not r.get("req_per_s"):
+        return ""
+    return f"; run --backend vllm on one member {r['cpu_ms_per_req']:.3f} ms, {r['req_per_s']:.0f}/s"
 
 
 def edn_rows(s: Sizes) -> tuple[list[dict[str, Any]], float]:
