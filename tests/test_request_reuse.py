@@ -122,3 +122,24 @@ def test_a_whole_answers_timings_are_what_the_general_rules_give(usage: Usage | 
     quick = build_timings(None, usage, ClientClock(sent=1.0, done=1.0 + wall))
     general = build_timings(ServerTimings(), usage, ClientClock(sent=1.0, done=1.0 + wall))  # no fast path
     assert quick == general
+
+
+def test_a_freed_dialects_clean_sampling_is_not_taken_for_another_engines() -> None:
+    """The clean-Sampling memo is per dialect: a dialect built, used and freed must not lend its verdict to a
+    different engine's dialect that happens to get the same memory (id) afterwards."""
+    from kotoba_vllm.dialects.openai import Dialect
+
+    class Honours(Dialect):
+        pass
+
+    class Ignores(Dialect):
+        sampling_support = {"chat": frozenset()}
+
+    sampling = Sampling(temperature=0.5)
+    req = ChatRequest(messages=(Message(role="user", content="hi"),), sampling=sampling)
+    for _ in range(50):  # with the memo keyed by id(dialect), CPython reused the freed memory and this failed
+        first = Honours()
+        assert first.problems(req) == []
+        del first
+        second = Ignores()
+        assert [p.code for p in second.problems(req)] == ["engine/unsupported"]

@@ -55,7 +55,7 @@ class Dialect:
             return out
         sampling: Sampling | None = getattr(req, "sampling", None)
         supported = self.sampling_support.get(ep, frozenset())
-        if sampling is not None and _SUPPORTED.get((id(self), id(sampling), ep)) is not sampling:
+        if sampling is not None and _SUPPORTED.get((self, id(sampling), ep)) is not sampling:
             before = len(out)
             for attr, knob in KNOBS_BY_ATTR.items():
                 if getattr(sampling, attr) is not None and attr not in supported:
@@ -65,7 +65,7 @@ class Dialect:
             if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
                 if len(_SUPPORTED) >= 1024:
                     _SUPPORTED.clear()
-                _SUPPORTED[(id(self), id(sampling), ep)] = sampling
+                _SUPPORTED[(self, id(sampling), ep)] = sampling
         for key in req.extras:
             spec = self.extras.get(key)
             if spec is None or ep not in spec[1]:
@@ -141,7 +141,7 @@ class Dialect:
     def sampling_body(self, s: Sampling, ep: str) -> dict[str, Any]:
         """`render_sampling` on its own, rendered once per Sampling of plain values (a batch, or keyword
         arguments, repeat the same few; the result holds only immutable values, so it is shared safely)."""
-        key = (id(self), id(s), ep)
+        key = (self, id(s), ep)  # the dialect itself (held), so a freed one's id cannot match
         hit = _SAMPLING_BODIES.get(key)
         if hit is not None and hit[0] is s:
             return hit[1]
@@ -515,9 +515,9 @@ def json_chunk(data: str) -> Any:
 
 
 _NONE: dict[str, Any] = {}  # read only: an absent details map
-_SAMPLING_BODIES: dict[tuple[int, int, str], tuple[Sampling, dict[str, Any]]] = {}
+_SAMPLING_BODIES: dict[tuple[Dialect, int, str], tuple[Sampling, dict[str, Any]]] = {}
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-_SUPPORTED: dict[tuple[int, int, str], Sampling] = {}  # Samplings every knob of which an engine honours
+_SUPPORTED: dict[tuple[Dialect, int, str], Sampling] = {}  # Samplings every knob of which an engine honours
 
 
 def int_or_none(v: Any) -> int | None:
