@@ -38,7 +38,9 @@ class Sizes:
     def __init__(self, quick: bool, smoke: bool = False) -> None:
         self.latency_n = 100 if quick else 300
         self.cpu_rounds, self.cpu_block = (4, 25) if quick else (30, 100)  # 3,000 calls: 500 swung ±10%
-        self.stream_rounds, self.stream_chunks = (2, 1000) if quick else (4, 1000)
+        # rounds of one stream each: per-chunk CPU on this machine flips between two levels (~5.5 and ~9 us)
+        # for every contender alike, in phases many streams long; 4 rounds let one flip decide the ratio
+        self.stream_rounds, self.stream_chunks = (8, 1000) if quick else (30, 1000)
         self.concs = (1, 16, 64, 256)
         self.conc_n = {1: 100, 16: 600, 64: 600, 256: 600} if quick else {1: 300, 16: 3000, 64: 3000, 256: 3000}
         self.conc_rounds = 1 if quick else 5  # 3 let one noisy round in 3 decide a pool/run ratio at 256
@@ -82,7 +84,8 @@ def sync_rows(base_url: str, server: str, s: Sizes, backend: str, model: str, st
                 row("b. client CPU per request", server, "us", cpu, (("httpx", 1.1), ("openai", 0.5)),
                     f"{s.cpu_rounds}x{s.cpu_block} interleaved"),
                 row("c. client CPU per streamed chunk", server, "us", chunk, (("httpx", 1.2), ("openai", 0.5)),
-                    f"{stream_tokens}-chunk streams; httpx = iter_lines + json.loads, "
+                    f"{s.stream_rounds} rounds of one {stream_tokens}-chunk stream each, interleaved; "
+                    "httpx = iter_lines + json.loads, "
                     "http.client = read1 + split lines + json.loads")]
         # our wrapper's own overhead: kotoba on a caller's httpx client against raw httpx, same measurements
         for name, vals, unit in (("a. latency, kotoba on a caller's httpx", lat, "ms"),
