@@ -18,6 +18,7 @@ import cattrs
 
 from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
 from ._errors import StructureError
+from ._memo import BoundedMemo
 from ._problems import Problem
 
 T = TypeVar("T")
@@ -578,25 +579,19 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
 
 
 # extra name -> its "key " text: a pool writes the same four extras into every record
-_EXTRA_KEYS: dict[str, str] = {}
-_EXTRA_KEYS_MAX = 4096  # names come from servers' answers too: past this many, new ones are not kept
-_SKIP_NAMES: dict[frozenset[Keyword], frozenset[str]] = {}  # a record's skipped keys, by their names
+_EXTRA_KEYS: BoundedMemo[str, str] = BoundedMemo(4096)  # names come from servers' answers too
+_SKIP_NAMES: BoundedMemo[frozenset[Keyword], frozenset[str]] = BoundedMemo(64)  # a record's skipped keys' names
 
 
 def _extra_key(name: str) -> str:
-    text = dumps(kw(name)) + " "  # raises for a name no reader reads back: nothing is kept then
-    if len(_EXTRA_KEYS) < _EXTRA_KEYS_MAX:
-        _EXTRA_KEYS[name] = text
-    return text
+    return _EXTRA_KEYS.keep(name, dumps(kw(name)) + " ")  # raises for a name no reader reads back: nothing kept
 
 
 def _skip_names(skip: AbstractSet[Keyword]) -> frozenset[str]:
     key = skip if isinstance(skip, frozenset) else frozenset(skip)
     names = _SKIP_NAMES.get(key)
-    if names is None:
-        names = frozenset(k.name for k in key)
-        if len(_SKIP_NAMES) < 64:  # a batch skips one or two sets of head keys
-            _SKIP_NAMES[key] = names
+    if names is None:  # a batch skips one or two sets of head keys
+        names = _SKIP_NAMES.keep(key, frozenset(k.name for k in key))
     return names
 
 
