@@ -19,6 +19,7 @@ import cattrs
 from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
 from ._errors import StructureError
 from ._memo import BoundedMemo
+from ._memo import BoundedMemo
 from ._problems import Problem
 
 T = TypeVar("T")
@@ -242,9 +243,7 @@ class _Nested(Codec):
         before = len(ctx.problems)
         out = _structure_map(self.cls, v, ctx)
         if key is not None and out is not None and len(ctx.problems) == before:
-            if len(shared) >= _SHARED_MAX:  # type: ignore[arg-type]
-                shared.clear()  # type: ignore[union-attr]
-            shared[key] = out  # type: ignore[index]
+            shared.keep(key, out)  # type: ignore[union-attr]
         # a nested problem with no field of its own (a non-keyword key) is named by the enclosing key
         ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
                                  for p in ctx.problems[before:]]
@@ -260,14 +259,13 @@ def NESTED(cls: type) -> Codec:
 # Classes whose nested maps are structured once per distinct map (a batch repeats the same `:vllm/sampling`
 # on every line): class -> {the map's (key, value type, value) entries: the frozen instance}. One instance
 # per distinct map also lets the memos keyed by identity (a clean Sampling, its rendered wire fields) hit.
-_SHARED_MAPS: dict[type, dict[tuple[Any, ...], Any]] = {}
-_SHARED_MAX = 256
+_SHARED_MAPS: dict[type, BoundedMemo[tuple[Any, ...], Any]] = {}
 _SCALARS = frozenset((str, int, bool, Keyword, type(None)))
 
 
 def share_structured(cls: type[T]) -> type[T]:
     """Structure equal nested maps of `cls` (frozen, scalar fields) into one shared instance."""
-    _SHARED_MAPS[cls] = {}
+    _SHARED_MAPS[cls] = BoundedMemo(256)
     return cls
 
 
