@@ -235,15 +235,16 @@ class _Nested(Codec):
         if not isinstance(v, dict):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
         shared = _SHARED_MAPS.get(self.cls)
-        key = _scalar_items(v) if shared is not None else None
-        if key is not None:
-            hit = shared.get(key)  # type: ignore[union-attr]  # key is only made when shared is a dict
+        key = None
+        if shared is not None:
+            key = _scalar_items(v)
+            hit = shared.get(key) if key is not None else None
             if hit is not None:
                 return hit
         before = len(ctx.problems)
         out = _structure_map(self.cls, v, ctx)
-        if key is not None and out is not None and len(ctx.problems) == before:
-            shared.keep(key, out)  # type: ignore[union-attr]
+        if shared is not None and key is not None and out is not None and len(ctx.problems) == before:
+            shared.keep(key, out)
         # a nested problem with no field of its own (a non-keyword key) is named by the enclosing key
         ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
                                  for p in ctx.problems[before:]]
