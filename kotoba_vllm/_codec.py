@@ -18,6 +18,8 @@ import cattrs
 
 from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
 from ._errors import StructureError
+from ._memo import BoundedMemo
+from ._memo import BoundedMemo
 from ._problems import Problem
 
 T = TypeVar("T")
@@ -232,8 +234,17 @@ class _Nested(Codec):
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, dict):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
+        shared = _SHARED_MAPS.get(self.cls)
+        key = None
+        if shared is not None:
+            key = _scalar_items(v)
+            hit = shared.get(key) if key is not None else None
+            if hit is not None:
+                return hit
         before = len(ctx.problems)
         out = _structure_map(self.cls, v, ctx)
+        if shared is not None and key is not None and out is not None and len(ctx.problems) == before:
+            shared.keep(key, out)
         # a nested problem with no field of its own (a non-keyword key) is named by the enclosing key
         ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
                                  for p in ctx.problems[before:]]
@@ -244,6 +255,39 @@ class _Nested(Codec):
 
 def NESTED(cls: type) -> Codec:
     return _Nested(cls)
+
+
+# Classes whose nested maps are structured once per distinct map (a batch repeats the same `:vllm/sampling`
+# on every line): class -> {the map's (key, value type, value) entries: the frozen instance}. One instance
+# per distinct map also lets the memos keyed by identity (a clean Sampling, its rendered wire fields) hit.
+_SHARED_MAPS: dict[type, BoundedMemo[tuple[Any, ...], Any]] = {}
+_SCALARS = frozenset((str, int, bool, Keyword, type(None)))
+
+
+def share_structured(cls: type[T]) -> type[T]:
+    """Structure equal nested maps of `cls` (frozen, scalar fields) into one shared instance."""
+    _SHARED_MAPS[cls] = BoundedMemo(256)
+    return cls
+
+
+def _scalar_items(m: dict[Any, Any]) -> tuple[Any, ...] | None:
+    """A key that tells maps apart exactly as structuring does, or None when a value is not a plain scalar.
+    The value's type is part of it (`1`, `1.0` and `true` are equal in Python, not in EDN); a float
+    is keyed by its repr (`0.0` equals `-0.0`; NaN equals nothing)."""
+    out: list[Any] = []
+    for k, v in m.items():
+        t = type(k)
+        if t is not Keyword:
+            return None
+        t = type(v)
+        if t is float:
+            v = repr(v)
+        elif t not in _SCALARS:
+            return None
+        out.append(k)
+        out.append(t)
+        out.append(v)
+    return tuple(out)
 
 
 class _Json(Codec):
@@ -347,9 +391,19 @@ def extras_field(namespaces: tuple[str, ...]) -> Any:
     return attrs.field(factory=dict, metadata={EXTRAS_META: namespaces}, hash=False, eq=True)
 
 
+# (attribute, key, "key " text, text of a non-nil value or None for nil, written when nil, (default, its text))
+_Writer = tuple[str, Keyword, str, Callable[[Any], "str | None"], bool, "tuple[Any, str] | None"]
+
+
+def _plain(codec: Codec) -> bool:
+    """The codec writes a non-nil value as `dumps(value)`: its EDN is the value itself."""
+    t = type(codec)
+    return t.to_edn is Codec.to_edn and t.write is Codec.write
+
+
 class _Spec:
-    __slots__ = ("cls", "by_key", "field_names", "fields", "extras_attr", "extras_ns", "required", "always", "writers",
-                 "default_texts", "_writers_without")
+    __slots__ = ("cls", "by_key", "by_id", "field_names", "fields", "extras_attr", "extras_ns", "required", "always",
+                 "writers", "default_texts", "_writers_without")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -368,19 +422,23 @@ class _Spec:
                 self.fields.append((a.name, k, a.metadata["codec"]))
                 if a.default is attrs.NOTHING:
                     self.required.append(a.name)
+        # the same entries by the id of each (interned, never freed) key
+        self.by_id: dict[int, tuple[str, Codec]] = {id(k): e for k, e in self.by_key.items()}
         self.field_names = frozenset(k.name for k in self.by_key)  # "vllm/text": the names extras are kept by
-        # (attribute, key, "key " text, codec, written when nil) for `write_edn`
-        self.writers: list[tuple[str, Keyword, str, Codec, bool]] = [
-            (name, k, dumps(k) + " ", codec, name in self.always) for name, k, codec in self.fields]
-        self._writers_without: dict[frozenset[Keyword], list[tuple[str, Keyword, str, Codec, bool]]] = {}
         # attribute -> (its default object, that object's text), for defaults that are registered frozen values
         self.default_texts: dict[str, tuple[Any, str]] = {}
         for a in attrs.fields(cls):
             d = a.default
             if "edn" in a.metadata and type(d) in _REGISTERED and _frozen(d):
                 self.default_texts[a.name] = (d, write_edn(d))
+        # (attribute, key, "key " text, the value's writer, written when nil, (default, its text) or None)
+        # for `write_edn`; a codec whose EDN is the value itself is written by `dumps` directly
+        self.writers: list[_Writer] = [
+            (name, k, dumps(k) + " ", dumps if _plain(codec) else codec.write, name in self.always,
+             self.default_texts.get(name)) for name, k, codec in self.fields]
+        self._writers_without: dict[frozenset[Keyword], list[_Writer]] = {}
 
-    def writers_without(self, skip: AbstractSet[Keyword]) -> list[tuple[str, Keyword, str, Codec, bool]]:
+    def writers_without(self, skip: AbstractSet[Keyword]) -> list[_Writer]:
         """`writers` less the keys in `skip`: each record skips the same keys, so filter once, not per field."""
         if not skip:
             return self.writers
@@ -416,7 +474,21 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[
     kwargs: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     before = len(ctx.problems)
+    by_id = spec.by_id
+    skips_fields = bool(skip) and not skip.isdisjoint(spec.by_key)
     for k, v in m.items():
+        # the interned field keys by identity first: a Keyword hashes in Python, an id in C
+        entry = by_id.get(id(k))
+        if entry is not None and not skips_fields:
+            if v is None:
+                continue  # nil means absent
+            name, codec = entry
+            try:
+                kwargs[name] = codec.from_edn(v, ctx, k.name)
+            except _Bad as e:
+                if e.msg:
+                    ctx.bad("request/type", f"{k}: {e.msg}", k.name, m, k)
+            continue
         if skip and k in skip:
             continue
         if not isinstance(k, Keyword):
@@ -481,14 +553,14 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
     if extras and not spec.field_names.isdisjoint(extras):  # an extra replaces a field: rare
         return _entries_of(_unstructure(obj), skip)
     parts: list[str] = []
-    defaults = spec.default_texts
-    for name, k, key_text, codec, always in spec.writers_without(skip):
+    for name, _, key_text, write, always, default in spec.writers_without(skip):
         v = getattr(obj, name)
         if v is None:
-            text = None
-        else:
-            cached = defaults.get(name)  # a field holding its (frozen, shared) default object: its text once
-            text = cached[1] if cached is not None and cached[0] is v else codec.write(v)
+            if always:
+                parts.append(key_text + "nil")
+            continue
+        # a field holding its (frozen, shared) default object: its text once
+        text = default[1] if default is not None and default[0] is v else write(v)
         if text is None:
             if not always:
                 continue
@@ -506,25 +578,19 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
 
 
 # extra name -> its "key " text: a pool writes the same four extras into every record
-_EXTRA_KEYS: dict[str, str] = {}
-_EXTRA_KEYS_MAX = 4096  # names come from servers' answers too: past this many, new ones are not kept
-_SKIP_NAMES: dict[frozenset[Keyword], frozenset[str]] = {}  # a record's skipped keys, by their names
+_EXTRA_KEYS: BoundedMemo[str, str] = BoundedMemo(4096)  # names come from servers' answers too
+_SKIP_NAMES: BoundedMemo[frozenset[Keyword], frozenset[str]] = BoundedMemo(64)  # a record's skipped keys' names
 
 
 def _extra_key(name: str) -> str:
-    text = dumps(kw(name)) + " "  # raises for a name no reader reads back: nothing is kept then
-    if len(_EXTRA_KEYS) < _EXTRA_KEYS_MAX:
-        _EXTRA_KEYS[name] = text
-    return text
+    return _EXTRA_KEYS.keep(name, dumps(kw(name)) + " ")  # raises for a name no reader reads back: nothing kept
 
 
 def _skip_names(skip: AbstractSet[Keyword]) -> frozenset[str]:
     key = skip if isinstance(skip, frozenset) else frozenset(skip)
     names = _SKIP_NAMES.get(key)
-    if names is None:
-        names = frozenset(k.name for k in key)
-        if len(_SKIP_NAMES) < 64:  # a batch skips one or two sets of head keys
-            _SKIP_NAMES[key] = names
+    if names is None:  # a batch skips one or two sets of head keys
+        names = _SKIP_NAMES.keep(key, frozenset(k.name for k in key))
     return names
 
 

@@ -52,7 +52,7 @@ class Form:
     __slots__ = ("value", "source", "line", "column", "index", "_reader")
 
     def __init__(self, value: Edn, source: str, line: int, column: int, index: int,
-                 reader: "_Reader | None" = None) -> None:
+                 reader: "_Reader | _Unlocated | None" = None) -> None:
         self.value, self.source, self.line, self.column, self.index = value, source, line, column, index
         self._reader = reader
 
@@ -61,11 +61,7 @@ class Form:
         r = self._reader
         if r is None:
             return None
-        keys, starts = r.key_offsets.get(id(mapping), ((), ()))
-        for k, off in zip(keys, starts):  # only when a problem is located: a scan beats hashing every key twice
-            if k == key:
-                return r.where(off)
-        return None
+        return r.locate(mapping, key)
 
     @property
     def where(self) -> str:
@@ -192,6 +188,13 @@ class _Reader:
         self.key_offsets: dict[int, tuple[list[Any], list[int]]] = {}
         self.depth = 0
         self.end = start  # just past the last closing bracket read
+
+    def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
+        keys, starts = self.key_offsets.get(id(mapping), ((), ()))
+        for k, off in zip(keys, starts):  # only when a problem is located: a scan beats hashing every key twice
+            if k == key:
+                return self.where(off)
+        return None
 
     def where(self, pos: int) -> tuple[int, int]:
         # Forms are located in increasing order: count newlines from the last answer, not from
@@ -495,11 +498,140 @@ def read_coll_at(text: str, pos: int, source: str, line: int, column: int) -> tu
     """The collection that opens at `text[pos]` (`line`:`column` of `source`), read in place, and the
     offset just past it: no copy of its text. Raises `EdnError` where reading it alone would; `text`
     may end before it closes (a buffer of a larger file): then it raises too."""
+    if text.startswith("{", pos):  # a request line: the plain map reader, when the line is that simple
+        nl = text.find("\n", pos)
+        fast = read_plain_map(text, pos, len(text) if nl == -1 else nl)
+        if fast is not None:
+            value, end = fast
+            return Form(value, source, line, column, 0, _Unlocated(value, text, pos, end, source, line, column)), end
     r = _Reader(text, source, line, column, pos)
     m = r.next()
     if m is None or m.lastgroup != "open" or m.start() != pos:
         raise r.fail("no collection opens here", pos)
     return Form(r.read(m), source, line, column, 0, r), r.end
+
+
+# The plain map reader: a request line is a map of keywords, strings without escapes, integers, decimal
+# floats, nil/true/false, vectors and maps, on one line. `findall` tokenizes such a line in one call; any
+# other token (an escape, a tag, a symbol, a comment, a keyword not yet checked ...) hands the line back to
+# the general reader, which reads it as before (`tests/test_plain_map_reader.py` holds the two to the same
+# values, end offsets and located keys).
+_END = f"(?=[{_STOP}]|$)"
+_PLAIN = re.compile(
+    rf"""[{WHITESPACE}]+$
+  | [{WHITESPACE}]*(?:
+      (:[^{_STOP}]*)
+    | ("[^"\\]*")
+    | ([\[\]{{}}])
+    | (-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?){_END}
+    | (nil|true|false){_END}
+    | (.))
+    """,
+    re.VERBOSE,
+)
+_LITERALS: dict[str, Any] = {"nil": None, "true": True, "false": False}
+
+
+def read_plain_map(text: str, pos: int, end: int) -> tuple[dict[Any, Any], int] | None:
+    """The map opening at `text[pos]` and the offset just past it, when `text[pos:end]` is that map alone
+    (then blanks) and made only of plain tokens; else None (read it with the general reader)."""
+    known = _KW_READ
+    stack: list[list[Any]] = []
+    items: list[Any] = []
+    value: Any = None
+    v: Any
+    done = False
+    for keyword, string, bracket, number, literal, other in _PLAIN.findall(text, pos, end):
+        if done:
+            if keyword or string or bracket or number or literal or other:
+                return None  # more than one form on the line
+            continue
+        if keyword:
+            v = known.get(keyword)
+            if v is None:
+                return None  # not checked yet: the general reader checks it (and remembers it)
+        elif string:
+            v = string[1:-1]
+        elif bracket:
+            if bracket == "{" or bracket == "[":
+                if len(stack) >= MAX_DEPTH:
+                    return None
+                stack.append(items)
+                items = [bracket]
+                continue
+            opener = items[0]
+            if (opener == "{") != (bracket == "}"):
+                return None
+            if opener == "[":
+                v = items[1:]
+            else:
+                if len(items) % 2 == 0:  # the opener and an odd number of forms
+                    return None
+                v = {}
+                try:
+                    for i in range(1, len(items), 2):
+                        v[items[i]] = items[i + 1]
+                except TypeError:  # an unhashable key
+                    return None
+                if 2 * len(v) != len(items) - 1:  # a duplicate key
+                    return None
+            if not stack:
+                return None  # a closer with no opener (cannot happen: the line starts with "{")
+            items = stack.pop()
+            if not stack:
+                value, done = v, True
+                continue
+        elif number:
+            v = float(number) if "." in number else int(number)
+        elif literal:
+            v = _LITERALS[literal]
+        elif other:
+            return None
+        else:
+            continue  # trailing blanks
+        items.append(v)
+    if not done:
+        return None
+    return value, text.rindex("}", pos, end) + 1
+
+
+class _Unlocated:
+    """Where keys are, for a form read by the plain map reader: found by reading its text again with the
+    general reader when a problem needs a position (the same text reads to the same shape)."""
+
+    __slots__ = ("value", "text", "start", "end", "source", "line", "column", "_reader", "_twin")
+
+    def __init__(self, value: Edn, text: str, start: int, end: int, source: str, line: int, column: int) -> None:
+        self.value, self.text, self.start, self.end = value, text, start, end
+        self.source, self.line, self.column = source, line, column
+        self._reader: _Reader | None = None
+        self._twin: Any = None
+
+    def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
+        if self._reader is None:
+            r = _Reader(self.text[:self.end], self.source, self.line, self.column, self.start)
+            m = r.next()
+            assert m is not None
+            self._reader, self._twin = r, r.read(m)
+        twin = _same_place(self.value, self._twin, mapping)
+        return None if twin is None else self._reader.locate(twin, key)
+
+
+def _same_place(value: Any, twin: Any, target: object) -> Any:
+    """The collection in `twin` at the place where `target` is in `value` (both read from one text)."""
+    if value is target:
+        return twin
+    if isinstance(value, dict):
+        pairs: Any = zip(value.values(), twin.values())
+    elif isinstance(value, list):
+        pairs = zip(value, twin)
+    else:
+        return None
+    for v, t in pairs:
+        found = _same_place(v, t, target)
+        if found is not None:
+            return found
+    return None
 
 
 def read_all(text: str, source: str = "<string>") -> list[Edn]:

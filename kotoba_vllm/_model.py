@@ -11,7 +11,7 @@ from typing import Any, TypeVar, Union
 import attrs
 
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
-                     edn_converter, edn_field, extras_field, register)
+                     edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -54,6 +54,7 @@ class Message:
     reasoning: str | None = edn_field("vllm/reasoning-content", STR)
 
 
+@share_structured
 @register
 @attrs.frozen
 class Sampling:

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import attrs
 
+from ._memo import BoundedMemo
 from ._model import UNAVAILABLE, Figure, Timings, Usage
 
 SERVER, CLIENT = "server-reported", "client-measured"
@@ -137,16 +138,12 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
 
 _NO_SERVER = ServerTimings()
 # Token-count-only figures repeat (the same few counts across a batch) and are frozen: one instance each.
-_COUNTS: dict[int, Figure] = {}
+_COUNTS: BoundedMemo[int, Figure] = BoundedMemo(4096)
 
 
 def _count(n: int) -> Figure:
     f = _COUNTS.get(n)
-    if f is None:
-        if len(_COUNTS) >= 4096:
-            _COUNTS.clear()
-        f = _COUNTS[n] = Figure(provenance=SERVER, tokens=n)
-    return f
+    return f if f is not None else _COUNTS.keep(n, Figure(provenance=SERVER, tokens=n))
 
 
 def build_timings(server: ServerTimings | None, usage: Usage | None, clock: ClientClock | None) -> Timings:

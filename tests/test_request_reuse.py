@@ -143,3 +143,28 @@ def test_a_freed_dialects_clean_sampling_is_not_taken_for_another_engines() -> N
         del first
         second = Ignores()
         assert [p.code for p in second.problems(req)] == ["engine/unsupported"]
+
+
+def test_a_service_sending_a_new_sampling_every_time_holds_a_bounded_number_and_renders_each_right() -> None:
+    """The memos keep Samplings alive (so their ids stay theirs); a caller that builds a fresh Sampling for every
+    request must not see them pile up, and a Sampling rendered again after the memo started over is still right."""
+    import gc
+    import weakref
+
+    d = get_dialect("vllm")
+    msgs = (Message(role="user", content="hi"),)
+    first = Sampling(temperature=0.0, max_tokens=1)
+    first_body = d.render(ChatRequest(messages=msgs, sampling=first)).body
+    alive = [weakref.ref(first)]
+    for i in range(1, 3000):
+        s = Sampling(temperature=round(i / 3000, 4), max_tokens=i)
+        req = ChatRequest(messages=msgs, sampling=s)
+        assert not [p for p in validate(req, "vllm") if p.is_error]
+        body = d.render(req).body
+        assert (body["temperature"], body["max_tokens"]) == (round(i / 3000, 4), i)
+        alive.append(weakref.ref(s))
+    del s, req
+    gc.collect()
+    held = sum(r() is not None for r in alive)
+    assert 0 < held <= 2 * 1024  # two memos of 1,024 at most; the rest were let go
+    assert d.render(ChatRequest(messages=msgs, sampling=first)).body == first_body

@@ -392,6 +392,8 @@ def _retrieve(task: "asyncio.Future[Any]") -> None:
 
 def _writable(line: str) -> str:
     """Lone surrogates cannot be written as UTF-8: keep them as `\\uXXXX` escapes (EDN and JSON both read those)."""
+    if line.isascii():  # no surrogate can be in it; the check below copies the line
+        return line
     try:
         line.encode("utf-8")
     except UnicodeEncodeError:

@@ -11,6 +11,7 @@ from typing import Any, Callable, ClassVar
 
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
+from .._memo import BoundedMemo
 from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                       EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
                       Sampling, StreamDelta, TokenizeRequest, TokenizeResponse, ToolCall, Usage, stream_delta)
@@ -63,9 +64,7 @@ class Dialect:
                                        f"the {ep} route; it would be ignored or rejected",
                                        field=knob.key, engine=self.name))
             if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
-                if len(_SUPPORTED) >= 1024:
-                    _SUPPORTED.clear()
-                _SUPPORTED[(self, id(sampling), ep)] = sampling
+                _SUPPORTED.keep((self, id(sampling), ep), sampling)
         for key in req.extras:
             spec = self.extras.get(key)
             if spec is None or ep not in spec[1]:
@@ -149,9 +148,7 @@ class Dialect:
         self.render_sampling(s, ep, out)
         # structured outputs may be built from a caller's mutable map: rendered afresh every time
         if all(type(v) in _PLAIN for v in out.values()) and all(getattr(s, a) is None for a in STRUCTURED_ATTRS):
-            if len(_SAMPLING_BODIES) >= 1024:
-                _SAMPLING_BODIES.clear()
-            _SAMPLING_BODIES[key] = (s, out)  # holding `s` keeps its id from being reused while here
+            _SAMPLING_BODIES.keep(key, (s, out))  # holding `s` keeps its id from being reused while here
         return out
 
     def render_sampling(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
@@ -553,9 +550,9 @@ def json_chunk(data: str) -> Any:
 
 
 _NONE: dict[str, Any] = {}  # read only: an absent details map
-_SAMPLING_BODIES: dict[tuple[Dialect, int, str], tuple[Sampling, dict[str, Any]]] = {}
+_SAMPLING_BODIES: BoundedMemo[tuple[Dialect, int, str], tuple[Sampling, dict[str, Any]]] = BoundedMemo(1024)
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-_SUPPORTED: dict[tuple[Dialect, int, str], Sampling] = {}  # Samplings every knob of which an engine honours
+_SUPPORTED: BoundedMemo[tuple[Dialect, int, str], Sampling] = BoundedMemo(1024)  # Samplings an engine fully honours
 
 
 def int_or_none(v: Any) -> int | None:
