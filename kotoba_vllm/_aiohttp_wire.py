@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 import aiohttp
 import httpx
 from aiohttp.client_proto import ResponseHandler
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from ._base_client import Attempt
@@ -36,16 +36,69 @@ _ENCODE = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 
 
 class CountingHandler(ResponseHandler):
-    """aiohttp's protocol, counting received bytes and the requests it has carried."""
+    """aiohttp's protocol, counting received bytes and the requests it has carried, with its per-read
+    deadline (`sock_read`) kept lazily.
+
+    aiohttp cancels its read timer and schedules a new one on every chunk, and cancels it at the end of
+    every body: two timers made and two cancelled per request, each cancelled one left in the event
+    loop's heap until swept. Here a chunk only moves the deadline; one timer per connection stays
+    scheduled across its requests and, when it comes due, fires the timeout only if the deadline has
+    not moved since, else waits until the new deadline. The timeout fires at the same instant as
+    aiohttp's (the last re-arm plus the limit); a body's end disarms it without cancelling."""
 
     def __init__(self, loop: Any) -> None:
         super().__init__(loop)
         self.bytes_in = 0
         self.uses = 0
+        self._read_deadline: float | None = None  # None: disarmed
 
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)
         super().data_received(data)
+
+    def _reschedule_timeout(self) -> None:
+        timeout = self._read_timeout
+        if not timeout:
+            self._cancel_read_timer()
+            return
+        deadline = self._read_deadline = self._loop.time() + timeout
+        timer = self._read_timeout_handle
+        if timer is None or timer.when() > deadline:  # none pending, or one due after the new deadline
+            if timer is not None:
+                timer.cancel()
+            self._read_timeout_handle = self._loop.call_at(deadline, self._read_timer_due)
+
+    def _drop_timeout(self) -> None:
+        self._read_deadline = None  # the timer stays scheduled for this connection's next request
+
+    def _read_timer_due(self) -> None:
+        timer, self._read_timeout_handle = self._read_timeout_handle, None
+        deadline = self._read_deadline
+        if deadline is None or timer is None:
+            return
+        if deadline <= timer.when():
+            self._on_read_timeout()
+        else:
+            self._read_timeout_handle = self._loop.call_at(deadline, self._read_timer_due)
+
+    def _cancel_read_timer(self) -> None:
+        self._read_deadline = None
+        if self._read_timeout_handle is not None:
+            self._read_timeout_handle.cancel()
+            self._read_timeout_handle = None
+
+    # A connection that ends takes its timer with it (the timer holds the connection until due).
+    def close(self) -> None:
+        super().close()
+        self._cancel_read_timer()
+
+    def abort(self) -> None:
+        super().abort()
+        self._cancel_read_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        self._cancel_read_timer()
 
 
 class Connector(aiohttp.TCPConnector):
@@ -167,8 +220,10 @@ class AiohttpWire:
         # The key goes per request (a session's default header cannot be left off one request).
         self._headers = CIMultiDict((k, v) for k, v in headers.items() if k.lower() != "authorization")
         auth = {k: v for k, v in headers.items() if k.lower() == "authorization"}
-        self._extra = {False: auth or None, True: None}  # by withhold_key
-        self._extra_json = {False: {**JSON_HEADERS, **auth}, True: JSON_HEADERS}
+        # by withhold_key; read-only multidicts, which aiohttp merges without copying them into one first
+        self._extra = {False: CIMultiDictProxy(CIMultiDict(auth)) if auth else None, True: None}
+        self._extra_json = {False: CIMultiDictProxy(CIMultiDict({**JSON_HEADERS, **auth})),
+                            True: CIMultiDictProxy(CIMultiDict(JSON_HEADERS))}
         self._verify = verify
         self._limit = limit
         self._keepalive = keepalive_s if keepalive_s is not None else 5.0
