@@ -96,7 +96,8 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
                         res["split"] = [p / max(1, sum(posts)) for p in posts]
                     runs[name].append(res)
             for name, rs in runs.items():
-                results.append(summarise(name, conc, n, rs))
+                if rs:  # `run --backend vllm` only runs beside a plain `run`
+                    results.append(summarise(name, conc, n, rs))
     return results, notes
 
 
