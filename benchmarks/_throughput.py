@@ -98,6 +98,7 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
             for name, rs in runs.items():
                 if rs:  # `run --backend vllm` only runs beside a plain `run`
                     results.append(summarise(name, conc, n, rs))
+            _add_paired(results, conc, runs)
     return results, notes
 
 
@@ -113,6 +114,31 @@ def _with_pool(order: list[str], r: int) -> list[str]:
     return order[:at] + group + order[at + 1:]
 
 
+def paired(mine: list[dict[str, Any]], base: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Round by round, `mine` over the `base` run right next to it: the median CPU ratio and throughput ratio.
+
+    This machine's CPU per request flips between two levels in phases a few runs long, for every contender
+    alike; two runs back to back mostly share a level, so a ratio within a round cancels the flip that a
+    ratio of two medians (each over different rounds' levels) can keep."""
+    cpu, speed = [], []
+    for a, b in zip(mine, base):
+        if "error" in a or "error" in b or not a.get("cpu_s") or not b.get("cpu_s"):
+            continue
+        cpu.append(a["cpu_s"] / b["cpu_s"])
+        speed.append(b["wall_s"] / a["wall_s"])  # same n: throughput ratio
+    if not cpu:
+        return None
+    return {"cpu": statistics.median(cpu), "throughput": statistics.median(speed), "rounds": float(len(cpu))}
+
+
+def _add_paired(results: list[dict[str, Any]], conc: int, runs: dict[str, list[dict[str, Any]]]) -> None:
+    for r in results:
+        if r["concurrency"] == conc and r["contender"] in POOL_GROUP[1:]:
+            p = paired(runs.get(r["contender"], []), runs.get(POOL_GROUP[0], []))
+            if p is not None:
+                r["paired_cpu_ratio"], r["paired_throughput_ratio"] = p["cpu"], p["throughput"]
+
+
 def summarise(name: str, conc: int, n: int, rs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rs if "error" not in r]
 
@@ -126,7 +152,9 @@ def summarise(name: str, conc: int, n: int, rs: list[dict[str, Any]]) -> dict[st
                            "req_per_s": n / med("wall_s") if ok and med("wall_s") else None,  # type: ignore[operator]
                            "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
                            "connections_max": max((r.get("connections", 0) for r in ok), default=None),
-                           "load_1m": med("load_1m")}
+                           "load_1m": med("load_1m"),
+                           "rounds_cpu_ms_per_req": [r["cpu_s"] / n * 1e3 for r in ok if r.get("cpu_s") is not None],
+                           "rounds_req_per_s": [n / r["wall_s"] for r in ok if r.get("wall_s")]}
     if name == "kotoba-run-pool" and ok:
         out["probes_per_request"] = med("probes_per_request")
         out["split_first"] = statistics.median(r["split"][0] for r in ok)

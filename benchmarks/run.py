@@ -171,18 +171,28 @@ def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[st
                             (("run", 1.5),),
                             f"probes/request {pool.get('probes_per_request', 0):.3f}; first member got "
                             f"{100 * pool.get('split_first', 0):.0f}%; throughput {pool.get('req_per_s') or 0:.0f}/s "
-                            f"vs run {one.get('req_per_s') or 0:.0f}/s" + _vllm_one(at.get("kotoba-run-vllm"))))
+                            f"vs run {one.get('req_per_s') or 0:.0f}/s" + _paired(pool)
+                            + _vllm_one(at.get("kotoba-run-vllm"))))
         for r in at.values():
             if r.get("error"):
                 notes.append(f"conc {conc} {r['contender']}: {r['error']}")
     return rows, res, notes
 
 
+def _paired(r: dict[str, Any]) -> str:
+    """Round-by-round ratios to the plain `run` beside it (`_throughput.paired`), when measured."""
+    if r.get("paired_cpu_ratio") is None:
+        return ""
+    return (f"; paired by round: CPU {r['paired_cpu_ratio']:.2f}x, throughput "
+            f"{r['paired_throughput_ratio']:.2f}x a plain run")
+
+
 def _vllm_one(r: dict[str, Any] | None) -> str:
     """The pool's dialect on one member (no pool): how far `run` itself moves between runs."""
     if not r or not r.get("cpu_ms_per_req") or not r.get("req_per_s"):
         return ""
-    return f"; run --backend vllm on one member {r['cpu_ms_per_req']:.3f} ms, {r['req_per_s']:.0f}/s"
+    return (f"; run --backend vllm on one member {r['cpu_ms_per_req']:.3f} ms, {r['req_per_s']:.0f}/s"
+            + _paired(r).replace("paired by round", "paired"))
 
 
 def edn_rows(s: Sizes) -> tuple[list[dict[str, Any]], float]:

@@ -61,3 +61,25 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     # every contender got every answer right, each in its own process
     throughput = result[kw("bench/throughput")]
     assert throughput and all(t[kw("bench/good-min")] == t[kw("bench/n")] for t in throughput)
+    pool = [t for t in throughput if t[kw("bench/contender")] == "kotoba-run-pool"]
+    assert pool and all(t[kw("bench/paired-cpu-ratio")] > 0 for t in pool)
+    assert "paired by round" in r.stdout
+
+
+def test_a_ratio_paired_by_round_cancels_the_machine_changing_speed_between_rounds() -> None:
+    """Both contenders slow down together in some rounds (this machine's two CPU levels): the ratio of the
+    two medians reads whichever levels the medians landed on; the per-round ratio reads the contenders."""
+    sys.path.insert(0, BENCH)
+    try:
+        import _throughput
+    finally:
+        sys.path.remove(BENCH)
+    levels = [1.0, 1.6, 1.6, 1.0, 1.6]  # the machine's speed per round
+    base = [{"cpu_s": 0.75 * x, "wall_s": 0.8 * x} for x in levels]
+    same_cost = [{"cpu_s": 0.75 * x, "wall_s": 0.8 * x} for x in [1.6, 1.6, 1.6, 1.0, 1.6]]  # one flip off
+    p = _throughput.paired(same_cost, base)
+    assert p is not None and p["cpu"] == 1.0 and p["throughput"] == 1.0 and p["rounds"] == 5
+    dearer = [{"cpu_s": 0.9 * x, "wall_s": 0.96 * x} for x in levels]  # 20% more per request, every round
+    p = _throughput.paired(dearer, base)
+    assert p is not None and abs(p["cpu"] - 1.2) < 1e-9 and abs(p["throughput"] - 1 / 1.2) < 1e-9
+    assert _throughput.paired([{"error": "x"}], base[:1]) is None
