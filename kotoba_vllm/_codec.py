@@ -478,30 +478,21 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[
     skips_fields = bool(skip) and not skip.isdisjoint(spec.by_key)
     for k, v in m.items():
         # the interned field keys by identity first: a Keyword hashes in Python, an id in C
-        entry = by_id.get(id(k))
-        if entry is not None and not skips_fields:
-            if v is None:
-                continue  # nil means absent
-            name, codec = entry
-            try:
-                kwargs[name] = codec.from_edn(v, ctx, k.name)
-            except _Bad as e:
-                if e.msg:
-                    ctx.bad("request/type", f"{k}: {e.msg}", k.name, m, k)
-            continue
-        if skip and k in skip:
-            continue
-        if not isinstance(k, Keyword):
-            ctx.bad("edn/non-keyword-key", f"map key {describe(k)} must be a keyword", None, m, k)
-            continue
-        entry = spec.by_key.get(k)
+        entry = None if skips_fields else by_id.get(id(k))
         if entry is None:
-            ns = k.namespace
-            if spec.extras_attr is not None and ns in spec.extras_ns and ns != "vllm":
-                extras[k.name] = v
-            else:
-                ctx.bad("request/unknown-key", f"unknown key {k} in {cls.__name__}", k.name, m, k)
-            continue
+            if skip and k in skip:
+                continue
+            if not isinstance(k, Keyword):
+                ctx.bad("edn/non-keyword-key", f"map key {describe(k)} must be a keyword", None, m, k)
+                continue
+            entry = spec.by_key.get(k)
+            if entry is None:
+                ns = k.namespace
+                if spec.extras_attr is not None and ns in spec.extras_ns and ns != "vllm":
+                    extras[k.name] = v
+                else:
+                    ctx.bad("request/unknown-key", f"unknown key {k} in {cls.__name__}", k.name, m, k)
+                continue
         if v is None:
             continue  # nil means absent
         name, codec = entry
