@@ -205,10 +205,6 @@ class Dialect:
             raise ProtocolError(f"expected a JSON object from {self.name}", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
         ep = req.endpoint
-        if ep == "chat" and _PLAIN_PARSE.get(type(self)) is not False:
-            plain = self.parse_plain_chat(req, obj, endpoint_url, clock)
-            if plain is not None:
-                return plain
         if ep == "embedding":
             return self.parse_embedding(obj, endpoint_url, req)
         if ep == "tokenize":
@@ -230,40 +226,6 @@ class Dialect:
                         endpoint_url=endpoint_url, timings=build_timings(server, usage, clock),
                         request_id=req.request_id, created=int_or_none(obj.get("created")),
                         system_fingerprint=str_or_none(obj.get("system_fingerprint")), extras=self.response_extras(obj))
-
-    def parse_plain_chat(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
-                         clock: ClientClock | None) -> Response | None:
-        """The most common chat answer (one choice, a plain text message, no logprobs, no tool calls, no
-        reasoning) built in one step, exactly as the general path builds it (a test holds the two
-        together); None for anything else, which then takes the general path. Only for dialects that
-        parse answers as this one does."""
-        cls = type(self)
-        same = _PLAIN_PARSE.get(cls)
-        if same is None:
-            same = _PLAIN_PARSE[cls] = all(getattr(cls, m) is getattr(Dialect, m) for m in _GENERAL_PARSE)
-        if not same:
-            return None
-        choices = obj.get("choices")
-        if type(choices) is not list or len(choices) != 1:
-            return None
-        c = choices[0]
-        if type(c) is not dict or c.get("logprobs") is not None:
-            return None
-        msg = c.get("message")
-        if type(msg) is not dict:
-            return None
-        text, calls = msg.get("content"), msg.get("tool_calls")
-        if type(text) is not str or (calls is not None and calls != []) \
-                or msg.get("reasoning_content") is not None or msg.get("reasoning") is not None:
-            return None
-        usage = self.parse_usage(obj.get("usage"))
-        choice = Choice(index=int_or_none(c.get("index")) or 0, text=text,
-                        finish_reason=reason_text(c.get("finish_reason")))
-        return Response(text=text, choices=(choice,), id=obj.get("id"), model=obj.get("model"), usage=usage,
-                        backend=self.name, endpoint="chat", endpoint_url=endpoint_url,
-                        timings=build_timings(None, usage, clock), request_id=req.request_id,
-                        created=int_or_none(obj.get("created")),
-                        system_fingerprint=str_or_none(obj.get("system_fingerprint")), extras={})
 
     def parse_choice(self, c: dict[str, Any]) -> Choice:
         msg = c.get("message")
@@ -572,9 +534,5 @@ def reason_text(v: Any) -> str | None:
         v = v.get("type")
     return v if isinstance(v, str) and v else None
 
-
-# What `parse_plain_chat` stands in for: a dialect overriding any of these parses its own way.
-_GENERAL_PARSE = ("parse", "parse_choice", "parse_tool_calls", "parse_usage", "server_timings", "response_extras")
-_PLAIN_PARSE: dict[type, bool] = {}  # dialect class -> parses answers as `Dialect` does
 
 DIALECT = Dialect()
