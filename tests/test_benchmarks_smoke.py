@@ -129,3 +129,18 @@ def test_one_in_flight_is_compared_with_the_newest_earlier_full_result_file(tmp_
     text = "\n".join(readme_table.predecessor_table(readme_table.load(str(this))))
     assert "| `AsyncClient` | 0.550x | 0.500x (2026-12-01T002716Z.edn) | **missed** | 0.520x |" in text
     assert "| `run` | 0.650x | 0.700x (2026-12-01T002716Z.edn) | met |" in text
+
+
+def test_instruction_counts_are_summed_per_function_and_the_collector_is_set_apart(tmp_path) -> None:
+    """`instructions.py` reads cachegrind's output itself: every function's lines summed, and the cyclic
+    collector's share (its module and the containers' traverse walks) kept apart, since whether one collection
+    lands between two batch sizes is luck."""
+    instructions = _bench_module("instructions")
+    out = tmp_path / "cachegrind.out"
+    out.write_text("desc: I1 cache: 32768 B, 64 B, 8-way associative\ncmd: python x\nevents: Ir\n"
+                   "fl=/src/Python/ceval.c\nfn=_PyEval_EvalFrameDefault\n10 1000\n11 500\n"
+                   "fl=/src/Modules/gcmodule.c\nfn=gc_collect_main\n5 300\n"
+                   "fl=/src/Objects/dictobject.c\nfn=dict_traverse\n7 40\nfn=insertdict\n9 60\n"
+                   "fl=/src/Objects/tupleobject.c\nfn=tupletraverse\n3 7\n"
+                   "summary: 1907\n")
+    assert instructions.counts(str(out)) == (1907, 347)
