@@ -65,8 +65,9 @@ def _delta(a: dict[str, Any], b: dict[str, Any], path: str) -> int:
     return int(b["requests"].get(path, 0)) - int(a["requests"].get(path, 0))
 
 
-def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any,
+def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds_for: int | dict[int, int], step: Any,
            contenders: tuple[str, ...] = CONTENDERS) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every contender at every concurrency; `rounds_for` is a count of rounds, or one per concurrency."""
     names, notes = available(contenders)
     results: list[dict[str, Any]] = []
     # One server process on core 1 listening on two ports: every contender talks to the first port,
@@ -77,6 +78,7 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
                      f"members are two ports of that one server process")
         for conc in concs:
             n = n_for[conc]
+            rounds = rounds_for if isinstance(rounds_for, int) else rounds_for[conc]
             runs: dict[str, list[dict[str, Any]]] = {k: [] for k in dict.fromkeys(names + list(POOL_GROUP[1:]))}
             for r in range(rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
@@ -99,6 +101,7 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds: int, step: Any
                 if rs:  # `run --backend vllm` only runs beside a plain `run`
                     results.append(summarise(name, conc, n, rs))
             _add_paired(results, conc, runs)
+            _add_paired_to_httpx(results, conc, runs)
     return results, notes
 
 
@@ -137,6 +140,16 @@ def _add_paired(results: list[dict[str, Any]], conc: int, runs: dict[str, list[d
             p = paired(runs.get(r["contender"], []), runs.get(POOL_GROUP[0], []))
             if p is not None:
                 r["paired_cpu_ratio"], r["paired_throughput_ratio"] = p["cpu"], p["throughput"]
+
+
+def _add_paired_to_httpx(results: list[dict[str, Any]], conc: int, runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Each kotoba contender's CPU over raw httpx's in the same round, median over the rounds (1 in flight's
+    "no worse than the predecessor" reads the ratio to raw httpx)."""
+    for r in results:
+        if r["concurrency"] == conc and r["contender"] in ("kotoba", "kotoba-run"):
+            p = paired(runs.get(r["contender"], []), runs.get("httpx", []))
+            if p is not None:
+                r["paired_cpu_ratio_to_httpx"] = p["cpu"]
 
 
 def summarise(name: str, conc: int, n: int, rs: list[dict[str, Any]]) -> dict[str, Any]:

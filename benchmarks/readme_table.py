@@ -63,10 +63,12 @@ def tables(result: dict[str, Any], name: str) -> str:
     if pool:
         # the pool's dialect on one member with no pool, when the file has it: how far `run` itself moves
         with_vllm = any(r["contender"] == "kotoba-run-vllm" for r in tp)
+        with_paired = any(r.get("paired_cpu_ratio") is not None for r in pool)
         out += ["**`run --pool` over two members (vLLM probes, both unmeasured)**", "",
                 "| in flight | CPU/request (ms) | vs plain `run` | throughput vs plain `run` | probes/request | "
-                "first member's share |" + (" `run --backend vllm` on one member: CPU, throughput vs plain `run` |"
-                                            if with_vllm else ""), "|---" * (7 if with_vllm else 6) + "|"]
+                "first member's share |" + (" paired by round: CPU, throughput vs plain `run` |" if with_paired else "")
+                + (" `run --backend vllm` on one member: CPU, throughput vs plain `run` |" if with_vllm else ""),
+                "|---" * (6 + with_vllm + with_paired) + "|"]
         for r in sorted(pool, key=lambda r: r["concurrency"]):
             one = by.get(("kotoba-run", r["concurrency"]), {})
             cpu_ratio = r["cpu_ms_per_req"] / one["cpu_ms_per_req"] if one.get("cpu_ms_per_req") else None
@@ -78,11 +80,37 @@ def tables(result: dict[str, Any], name: str) -> str:
             out.append(f"| {r['concurrency']} | {_cell(r['cpu_ms_per_req'], '.2f')} | {_cell(cpu_ratio, '.2f')}x | "
                        f"{_cell(tp_ratio, '.2f')}x | {_cell(r.get('probes_per_request'), '.3f')} | "
                        f"{_cell(100 * r['split_first'] if r.get('split_first') is not None else None, '.0f')}% |"
+                       + ("" if not with_paired else
+                          f" {_cell(r.get('paired_cpu_ratio'), '.2f')}x, {_cell(r.get('paired_throughput_ratio'), '.2f')}x |")
                        + ("" if not with_vllm else " — |" if vl_cpu is None else
                           f" {vl_cpu:.2f}x, {_cell(vl_tp, '.2f')}x |"))
         out.append("")
+        if with_paired:
+            out += ["Paired by round: each round runs the pool and the plain `run` back to back, and the figure is "
+                    "the median of the rounds' ratios. This machine's speed moves between two levels for every "
+                    "contender alike, so a ratio of two medians can compare rounds taken at different levels; the "
+                    "pool's targets (CPU <= 1.5x, throughput >= 0.9x) are read from the paired figures.", ""]
+    out += predecessor_table(result)
     out += sync_table(result)
     return "\n".join(out)
+
+
+def predecessor_table(result: dict[str, Any]) -> list[str]:
+    """At 1 in flight: CPU over raw httpx's, this run against its predecessor file (target: no worse)."""
+    found = [r for r in result.get("rows") or [] if r.get("scenario", "").endswith("/ raw httpx's, conc 1")]
+    if not found:
+        return []
+    out = ["**At 1 in flight: CPU over raw httpx's, against the previous result file (target: no worse)**", "",
+           "| contender | this run | predecessor | | paired by round (this run) |", "|---|---|---|---|---|"]
+    for r in found:
+        values, met = r.get("values") or {}, next(iter((r.get("targets") or {}).values()), None)
+        label = r["scenario"].split(" CPU")[0].removeprefix("d. ")
+        paired = (r.get("note") or "").rsplit("paired by round: ", 1)[-1]
+        out.append(f"| `{label}` | {_cell(values.get('kotoba'), '.3f')}x | {_cell(values.get('predecessor'), '.3f')}x "
+                   f"({(r.get('note') or '').split('predecessor is ')[-1].split(';')[0]}) | "
+                   f"{'met' if met else '**missed**' if met is False else ''} | {paired} |")
+    out.append("")
+    return out
 
 
 SYNC_SCENARIOS = (("a. latency, small chat (median)", "latency (ms)", 1.1),

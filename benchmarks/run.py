@@ -17,9 +17,10 @@ import asyncio
 import datetime as dt
 import os
 import platform
+import re
 import shutil
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
@@ -41,32 +42,34 @@ class Sizes:
         # rounds of one stream each: per-chunk CPU on this machine flips between two levels (~5.5 and ~9 us)
         # for every contender alike, in phases many streams long; 4 rounds let one flip decide the ratio
         self.stream_rounds, self.stream_chunks = (8, 1000) if quick else (30, 1000)
-        self.concs = (1, 16, 64, 256)
-        self.conc_n = {1: 100, 16: 600, 64: 600, 256: 600} if quick else {1: 300, 16: 3000, 64: 3000, 256: 3000}
-        self.conc_rounds = 1 if quick else 5  # 3 let one noisy round in 3 decide a pool/run ratio at 256
+        self.concs: tuple[int, ...] = (1, 16, 64, 256)
+        self.conc_n: dict[int, int] = {1: 100, 16: 600, 64: 600, 256: 600} if quick else {1: 300, 16: 3000, 64: 3000, 256: 3000}
+        # 3 let one noisy round in 3 decide a pool/run ratio at 256; at 1 in flight the target compares with the
+        # predecessor file, and 5 rounds (each ~7 s) let the machine's two speeds move the ratio to raw httpx 0.49-0.58
+        self.conc_rounds = {c: 1 for c in self.concs} if quick else {1: 7, 16: 5, 64: 5, 256: 5}
         self.open_streams = 32 if quick else 128
         self.memory_total, self.memory_first = (2000, 500) if quick else (10_000, 1000)
-        self.edn_sizes = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
+        self.edn_sizes: tuple[int, ...] = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
         self.edn_format_max = 10_000 if quick else 100_000
         self.batch_n = 1000 if quick else 10_000
         self.llama_latency_n = 60 if quick else 300
         if smoke:  # the harness runs end to end; the numbers mean nothing
             self.latency_n, self.cpu_rounds, self.cpu_block = 3, 1, 2
             self.stream_rounds, self.stream_chunks, self.open_streams = 1, 50, 2
-            self.concs, self.conc_n, self.conc_rounds = (1, 4), {1: 5, 4: 12}, 1
+            self.concs, self.conc_n, self.conc_rounds = (1, 4), {1: 5, 4: 12}, {1: 1, 4: 1}
             self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
             self.batch_n, self.llama_latency_n = 5, 3
         self.contenders = ("aiohttp", "kotoba", "kotoba-run") if smoke else _throughput.CONTENDERS
 
 
-def row(scenario: str, server: str, unit: str, values: dict[str, float | None],
+def row(scenario: str, server: str, unit: str, values: Mapping[str, float | None],
         targets: tuple[tuple[str, float], ...] = (), note: str = "") -> dict[str, Any]:
     """One comparison: kotoba's value over each baseline's, and whether each target ratio holds."""
     k = values.get("kotoba")
     ratios = {name: (k / v if k is not None and v else None) for name, v in values.items() if name != "kotoba"}
     met = {f"{name}<={limit}": (None if ratios.get(name) is None else ratios[name] <= limit)  # type: ignore[operator]
            for name, limit in targets}
-    return {"scenario": scenario, "server": server, "unit": unit, "values": values, "ratios": ratios,
+    return {"scenario": scenario, "server": server, "unit": unit, "values": dict(values), "ratios": ratios,
             "targets": met, "note": note}
 
 
@@ -148,7 +151,7 @@ def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[st
                 x = at.get(name, {}).get(key)
                 return (1e3 / x if x else None) if invert else x
             return {"kotoba": v(me), **{p: v(p) for p in PEER_NAMES}}
-        rounds = f"median of {s.conc_rounds} round(s) of {s.conc_n[conc]} requests, a process each"
+        rounds = f"median of {s.conc_rounds[conc]} round(s) of {s.conc_n[conc]} requests, a process each"
         for me, label, limit in (("kotoba", "AsyncClient", 1.5), ("kotoba-run", "run", 2.0)):
             rows.append(row(f"d. {label} CPU per request, conc {conc}", "canned+20ms", "ms", vals("cpu_ms_per_req", me),
                             (("aiohttp", limit), ("flexllm", 1.0), ("openai", 1.0)), rounds))
@@ -173,10 +176,50 @@ def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[st
                             f"{100 * pool.get('split_first', 0):.0f}%; throughput {pool.get('req_per_s') or 0:.0f}/s "
                             f"vs run {one.get('req_per_s') or 0:.0f}/s" + _paired(pool)
                             + _vllm_one(at.get("kotoba-run-vllm"))))
+        if pool and one and pool.get("paired_throughput_ratio"):
+            rows.append(row(f"d. run --pool time per request, conc {conc}", "canned+20ms", "x run",
+                            {"kotoba": 1 / pool["paired_throughput_ratio"], "run": 1.0}, (("run", round(1 / 0.9, 3)),),
+                            "paired by round (the median of each round's pool/run ratio: the two run back to back, "
+                            "so the machine's speed changes cancel); <= 1.111 is throughput >= 0.9x; medians alone: "
+                            f"{pool.get('req_per_s') or 0:.0f}/s vs {one.get('req_per_s') or 0:.0f}/s"))
         for r in at.values():
             if r.get("error"):
                 notes.append(f"conc {conc} {r['contender']}: {r['error']}")
     return rows, res, notes
+
+
+RESULT_NAME = re.compile(r"\d{4}-\d\d-\d\dT\d{6}Z\.edn$")  # full runs only (not -quick, -smoke)
+
+
+def predecessor(out_dir: str, this_name: str) -> str | None:
+    """The newest full result file written before this run's."""
+    names = sorted(n for n in os.listdir(out_dir) if RESULT_NAME.match(n) and n < this_name) \
+        if os.path.isdir(out_dir) else []
+    return os.path.join(out_dir, names[-1]) if names else None
+
+
+def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[dict[str, Any]]:
+    """At 1 in flight, each kotoba contender's CPU over raw httpx's in this run and in the predecessor file
+    (the target: no worse). Both as ratios of medians, the one figure the older files hold."""
+    if pred_path is None:
+        return []
+    from readme_table import load
+    pred = {(r["contender"], r["concurrency"]): r for r in load(pred_path).get("throughput") or []}
+    now = {(r["contender"], r["concurrency"]): r for r in res}
+    rows = []
+    for me, label in (("kotoba", "AsyncClient"), ("kotoba-run", "run")):
+        def ratio(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
+            a, b = at.get((me, 1), {}).get("cpu_ms_per_req"), at.get(("httpx", 1), {}).get("cpu_ms_per_req")
+            return a / b if a and b else None
+        mine, theirs = ratio(now), ratio(pred)
+        if mine is None or theirs is None:
+            continue
+        paired = now[(me, 1)].get("paired_cpu_ratio_to_httpx")
+        rows.append(row(f"d. {label} CPU / raw httpx's, conc 1", "canned+20ms", "x httpx",
+                        {"kotoba": mine, "predecessor": theirs}, (("predecessor", 1.0),),
+                        f"the predecessor is {os.path.basename(pred_path)}; this run's paired by round: "
+                        + (f"{paired:.3f}x" if paired else "-")))
+    return rows
 
 
 def _paired(r: dict[str, Any]) -> str:
@@ -350,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(note)
     now = dt.datetime.now(dt.timezone.utc)
     date = now.strftime("%Y-%m-%dT%H:%MZ")
+    name = now.strftime("%Y-%m-%dT%H%M%SZ") + ("-smoke" if a.smoke else "-quick" if a.quick else "") + ".edn"
+    if throughput:
+        rows += predecessor_rows(throughput, predecessor(a.out, name))
     mach = machine()
     print(f"kotoba_vllm benchmarks {date}  nproc={mach['nproc']} ram={mach['ram-gb']}GB python={mach['python']} "
           f"httpx={mach['httpx']} openai={mach['openai']} orjson={mach['orjson']} "
@@ -359,8 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         print(";; " + n)
     os.makedirs(a.out, exist_ok=True)
     # one file per run: a later run never overwrites the file a table was taken from
-    path = os.path.join(a.out, now.strftime("%Y-%m-%dT%H%M%SZ") + ("-smoke" if a.smoke else "-quick" if a.quick
-                                                                    else "") + ".edn")
+    path = os.path.join(a.out, name)
     with open(path, "w") as fh:
         fh.write(pretty(to_edn_result(date, mach, rows, notes, throughput)) + "\n")
     print(f";; results: {path}")

@@ -46,6 +46,7 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     for scenario in ("a. latency", "b. client CPU per request", "c. client CPU per streamed chunk",
                      "d. AsyncClient CPU per request, conc 4", "d. run CPU per request, conc 4",
                      "d. connections at the server, conc 4", "d. run --pool (2 members), conc 4",
+                     "d. run --pool time per request, conc 4",
                      "d. heap per open stream", "e. read EDN file",
                      "e. render one response", "f. batch run"):
         assert scenario in r.stdout, scenario
@@ -83,3 +84,48 @@ def test_a_ratio_paired_by_round_cancels_the_machine_changing_speed_between_roun
     p = _throughput.paired(dearer, base)
     assert p is not None and abs(p["cpu"] - 1.2) < 1e-9 and abs(p["throughput"] - 1 / 1.2) < 1e-9
     assert _throughput.paired([{"error": "x"}], base[:1]) is None
+
+
+def _bench_module(name: str):  # type: ignore[no-untyped-def]
+    import importlib
+    sys.path.insert(0, BENCH)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_one_in_flight_is_compared_with_the_newest_earlier_full_result_file(tmp_path) -> None:
+    """The "no worse than the predecessor" target reads the file written just before this run's, from that
+    file's own figures; quick and smoke runs are never a predecessor."""
+    from kotoba_vllm._edn import pretty
+    run = _bench_module("run")
+    readme_table = _bench_module("readme_table")
+
+    def result(kotoba: float, kotoba_run: float, httpx: float) -> str:
+        tp = [{"contender": c, "concurrency": 1, "cpu_ms_per_req": v}
+              for c, v in (("kotoba", kotoba), ("kotoba-run", kotoba_run), ("httpx", httpx))]
+        return pretty(run.to_edn_result("d", {"nproc": 2}, [], [], tp)) + "\n"
+    (tmp_path / "2026-12-01T002716Z.edn").write_text(result(1.0, 1.4, 2.0))
+    (tmp_path / "2026-11-30T215059Z.edn").write_text(result(9.0, 9.0, 1.0))  # older
+    (tmp_path / "2026-12-01T010000Z-quick.edn").write_text(result(9.0, 9.0, 1.0))  # not a full run
+    (tmp_path / "2026-12-02T000000Z.edn").write_text(result(9.0, 9.0, 1.0))  # later than this run
+    pred = run.predecessor(str(tmp_path), "2026-12-01T030000Z.edn")
+    assert pred is not None and pred.endswith("2026-12-01T002716Z.edn")
+    now = [{"contender": "kotoba", "concurrency": 1, "cpu_ms_per_req": 1.1, "paired_cpu_ratio_to_httpx": 0.52},
+           {"contender": "kotoba-run", "concurrency": 1, "cpu_ms_per_req": 1.3},
+           {"contender": "httpx", "concurrency": 1, "cpu_ms_per_req": 2.0}]
+    rows = run.predecessor_rows(now, pred)
+    by = {r["scenario"]: r for r in rows}
+    a, b = by["d. AsyncClient CPU / raw httpx's, conc 1"], by["d. run CPU / raw httpx's, conc 1"]
+    assert abs(a["values"]["kotoba"] - 0.55) < 1e-9 and a["values"]["predecessor"] == 0.5
+    assert a["targets"] == {"predecessor<=1.0": False}  # 0.55x raw httpx now against 0.50x before: worse
+    assert b["targets"] == {"predecessor<=1.0": True}  # 0.65x against 0.70x
+    assert "0.520x" in a["note"] and "2026-12-01T002716Z.edn" in a["note"]
+    assert run.predecessor_rows(now, None) == []
+    # the README's table says which file, both ratios, and which target was missed
+    this = tmp_path / "this.edn"
+    this.write_text(pretty(run.to_edn_result("d", {"nproc": 2}, rows, [], now)) + "\n")
+    text = "\n".join(readme_table.predecessor_table(readme_table.load(str(this))))
+    assert "| `AsyncClient` | 0.550x | 0.500x (2026-12-01T002716Z.edn) | **missed** | 0.520x |" in text
+    assert "| `run` | 0.650x | 0.700x (2026-12-01T002716Z.edn) | met |" in text
