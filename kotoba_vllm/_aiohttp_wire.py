@@ -32,7 +32,7 @@ from ._errors import ConfigError
 _WATCH: contextvars.ContextVar["_Watch | None"] = contextvars.ContextVar("kotoba_attempt", default=None)
 JSON_HEADERS = {"content-type": "application/json"}
 _JSON_ENCODER = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-_C_ENCODE = _json.encoder.c_make_encoder  # type: ignore[attr-defined]
+_C_ENCODE = _json.encoder.c_make_encoder  # type: ignore[attr-defined]  # json's C accelerator: untyped in typeshed
 # `JSONEncoder.encode` builds its C encoder on every call (a third of a small body's cost): one C encoder, the
 # same bytes and errors. Without a circular-reference check: a body is a dialect's render, whose containers
 # are all new (EDN data goes through `edn_to_json`), so it can hold no cycle.
