@@ -182,7 +182,8 @@ class _Many(Codec):
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, (list, tuple)):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
-        return tuple(self.item.from_edn(x, ctx, field) for x in v)
+        from_edn = self.item.from_edn
+        return tuple([from_edn(x, ctx, field) for x in v])  # a list first: no generator to resume per item
 
 
 def MANY(item: Codec) -> Codec:
@@ -245,9 +246,9 @@ class _Nested(Codec):
         out = _structure_map(self.cls, v, ctx)
         if shared is not None and key is not None and out is not None and len(ctx.problems) == before:
             shared.keep(key, out)
-        # a nested problem with no field of its own (a non-keyword key) is named by the enclosing key
-        ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
-                                 for p in ctx.problems[before:]]
+        if len(ctx.problems) > before:  # a nested problem with no field (a non-keyword key): the enclosing key's
+            ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
+                                     for p in ctx.problems[before:]]
         if out is None:
             raise _Bad("")  # problems already recorded inside
         return out
@@ -407,7 +408,8 @@ class _Spec:
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
-        self.by_key: dict[Keyword, tuple[str, Codec]] = {}
+        # key -> (attribute, codec, the key's name): `Keyword.name` is a Python property, read once here
+        self.by_key: dict[Keyword, tuple[str, Codec, str]] = {}
         self.fields: list[tuple[str, Keyword, Codec]] = []
         self.extras_attr: str | None = None
         self.extras_ns: tuple[str, ...] = ()
@@ -418,12 +420,12 @@ class _Spec:
                 self.extras_attr, self.extras_ns = a.name, a.metadata[EXTRAS_META]
             elif "edn" in a.metadata:
                 k = kw(a.metadata["edn"])
-                self.by_key[k] = (a.name, a.metadata["codec"])
+                self.by_key[k] = (a.name, a.metadata["codec"], k.name)
                 self.fields.append((a.name, k, a.metadata["codec"]))
                 if a.default is attrs.NOTHING:
                     self.required.append(a.name)
         # the same entries by the id of each (interned, never freed) key
-        self.by_id: dict[int, tuple[str, Codec]] = {id(k): e for k, e in self.by_key.items()}
+        self.by_id: dict[int, tuple[str, Codec, str]] = {id(k): e for k, e in self.by_key.items()}
         self.field_names = frozenset(k.name for k in self.by_key)  # "vllm/text": the names extras are kept by
         # attribute -> (its default object, that object's text), for defaults that are registered frozen values
         self.default_texts: dict[str, tuple[Any, str]] = {}
@@ -432,10 +434,11 @@ class _Spec:
             if "edn" in a.metadata and type(d) in _REGISTERED and _frozen(d):
                 self.default_texts[a.name] = (d, write_edn(d))
         # (attribute, key, "key " text, the value's writer, written when nil, (default, its text) or None)
-        # for `write_edn`; a codec whose EDN is the value itself is written by `dumps` directly
+        # for `write_edn`; a codec whose EDN is the value itself is written by `dumps` directly, a nested
+        # class by `write_edn` directly (what `_Nested.write` calls)
         self.writers: list[_Writer] = [
-            (name, k, dumps(k) + " ", dumps if _plain(codec) else codec.write, name in self.always,
-             self.default_texts.get(name)) for name, k, codec in self.fields]
+            (name, k, dumps(k) + " ", _value_writer(codec), name in self.always, self.default_texts.get(name))
+            for name, k, codec in self.fields]
         self._field_writers: dict[frozenset[Keyword], Callable[[Any], list[str]]] = {}
 
     def field_writer(self, skip: AbstractSet[Keyword]) -> Callable[[Any], list[str]]:
@@ -467,6 +470,12 @@ def _compile_field_writer(cls_name: str, writers: list[_Writer]) -> Callable[[An
     exec(compile("\n".join(body), f"<write_fields {cls_name}>", "exec"), names)  # noqa: S102 - our own text
     fn: Callable[[Any], list[str]] = names["write_fields"]
     return fn
+
+
+def _value_writer(codec: Codec) -> Callable[[Any], "str | None"]:
+    if _plain(codec):
+        return dumps
+    return write_edn if type(codec) is _Nested else codec.write
 
 
 _SPECS: dict[type, _Spec] = {}
@@ -516,12 +525,12 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[
                 continue
         if v is None:
             continue  # nil means absent
-        name, codec = entry
+        name, codec, field = entry
         try:
-            kwargs[name] = codec.from_edn(v, ctx, k.name)
+            kwargs[name] = codec.from_edn(v, ctx, field)
         except _Bad as e:
             if e.msg:
-                ctx.bad("request/type", f"{k}: {e.msg}", k.name, m, k)
+                ctx.bad("request/type", f"{k}: {e.msg}", field, m, k)
     for name in spec.required:
         if name in kwargs:
             continue
