@@ -31,8 +31,20 @@ from ._errors import ConfigError
 
 _WATCH: contextvars.ContextVar["_Watch | None"] = contextvars.ContextVar("kotoba_attempt", default=None)
 JSON_HEADERS = {"content-type": "application/json"}
-# json.dumps with these settings builds a new encoder on every call; one encoder, the same bytes.
-_ENCODE = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_JSON_ENCODER = _json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_C_ENCODE = _json.encoder.c_make_encoder  # type: ignore[attr-defined]  # json's C accelerator: untyped in typeshed
+# `JSONEncoder.encode` builds its C encoder on every call (a third of a small body's cost): one C encoder, the
+# same bytes and errors. Without a circular-reference check: a body is a dialect's render, whose containers
+# are all new (EDN data goes through `edn_to_json`), so it can hold no cycle.
+_ENCODE_PARTS = None if _C_ENCODE is None else _C_ENCODE(
+    None, _JSON_ENCODER.default, _json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+
+def encode_body(obj: Any) -> bytes:
+    """`json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)` as UTF-8."""
+    if _ENCODE_PARTS is None:  # pragma: no cover - a Python without json's C accelerator
+        return _JSON_ENCODER.encode(obj).encode()
+    return "".join(_ENCODE_PARTS(obj, 0)).encode()
 
 
 class CountingHandler(ResponseHandler):
@@ -115,7 +127,7 @@ class Connector(aiohttp.TCPConnector):
         watch = _WATCH.get()
         proto = conn.protocol
         if watch is not None and isinstance(proto, CountingHandler):
-            watch.attempt.new_connection = proto.uses == 0
+            watch.attempt.reused = proto.uses != 0
             proto.uses += 1
             watch.proto, watch.start = proto, proto.bytes_in
         return conn
@@ -204,12 +216,12 @@ class _Watch:
         self.attempt = attempt
         self.proto: CountingHandler | None = None
         self.start = 0
-        attempt.new_connection = True  # until the connector shows a reused one
+        attempt.reused = False  # a new connection until the connector shows a reused one
 
     def settle(self) -> None:
         """After a failure: did any response byte arrive during this attempt?"""
         if self.proto is not None:  # the count is the evidence either way: moved, or positively not
-            self.attempt.got_response = self.proto.bytes_in > self.start
+            self.attempt.response_seen = self.proto.bytes_in > self.start
 
 
 class AiohttpWire:
@@ -267,7 +279,7 @@ class AiohttpWire:
         session = self._session or self._open()
         extra: Mapping[str, str] | None
         if json is not None:
-            content = _ENCODE(json).encode()
+            content = encode_body(json)
             extra = self._extra_json[withhold_key]
         else:
             extra = self._extra[withhold_key]

@@ -82,9 +82,14 @@ def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
     value is a ValidationError and nothing is sent."""
     if not kwargs:
         return None
-    key: Any = None
-    if all(type(v) in _SCALARS for v in kwargs.values()):  # keyed by type too: True == 1 == 1.0 in Python
-        key = tuple((k, type(v), v) for k, v in kwargs.items())
+    key: Any = []
+    for k, v in kwargs.items():  # a loop, not generators: this runs once per request
+        if type(v) not in _SCALARS:
+            key = None
+            break
+        key.append((k, type(v), v))  # keyed by type too: True == 1 == 1.0 in Python
+    if key is not None:
+        key = tuple(key)
         cached = _SAMPLING_SEEN.get(key)
         if cached is not None:
             return cached
@@ -168,7 +173,7 @@ def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
     return tuple(out)
 
 
-@attrs.frozen
+@attrs.define  # not frozen, as `ClientClock`: one per request, never changed after
 class Plan:
     """One request ready for the wire."""
 
@@ -516,13 +521,15 @@ class BaseClient:
             return self._backend
         return self._detected.get(base)
 
-    def _plan(self, req: Request, backend: str) -> Plan:
+    def _plan(self, req: Request, backend: str, base: str | None = None) -> Plan:
+        """`base`: `_base_for(req)` when the caller has it already."""
+        if base is None:
+            base = self._base_for(req)
         problems = send_problems(req, backend)
-        if any(p.is_error for p in problems):
-            raise ValidationError(problems, endpoint=self._base_for(req))
+        if problems and any(p.is_error for p in problems):
+            raise ValidationError(problems, endpoint=base)
         dialect = get_dialect(backend)
         http = dialect.render(req)
-        base = self._base_for(req)
         return Plan(req, dialect, http, base + http.path, base, self._key_withheld(base))
 
     def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:

@@ -239,8 +239,8 @@ class Client(BaseClient):
 
     def _prepare(self, request: RequestInput) -> Plan:
         req = self._with_defaults(self._to_request(request))
-        backend = self._backend_for(self._base_for(req)) or self.detect_backend(self._base_for(req))
-        return self._plan(req, backend)
+        base = self._base_for(req)
+        return self._plan(req, self._backend_for(base) or self.detect_backend(base), base)
 
     # ------------------------------------------------------------ the surface
 
@@ -409,8 +409,8 @@ class AsyncClient(BaseClient):
 
     async def _prepare(self, request: RequestInput) -> Plan:
         req = self._with_defaults(self._to_request(request))
-        backend = self._backend_for(self._base_for(req)) or await self.detect_backend(self._base_for(req))
-        return self._plan(req, backend)
+        base = self._base_for(req)
+        return self._plan(req, self._backend_for(base) or await self.detect_backend(base), base)
 
     @overload
     async def send(self, request: TextRequest, *, timeout: TimeoutArg = None) -> Response: ...
@@ -427,7 +427,7 @@ class AsyncClient(BaseClient):
         # `_prepare` inline: one coroutine fewer per request once the backend is known
         req = self._with_defaults(self._to_request(request))
         base = self._base_for(req)
-        plan = self._plan(req, self._backend_for(base) or await self.detect_backend(base))
+        plan = self._plan(req, self._backend_for(base) or await self.detect_backend(base), base)
         t = self._timeout_for(timeout)
         if plan.http.stream:
             return await (await self._open_stream(plan, t)).until_done()

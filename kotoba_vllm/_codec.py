@@ -182,7 +182,8 @@ class _Many(Codec):
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
         if not isinstance(v, (list, tuple)):
             raise _Bad(f"expected {self.name}, got {describe(v)}")
-        return tuple(self.item.from_edn(x, ctx, field) for x in v)
+        from_edn = self.item.from_edn
+        return tuple([from_edn(x, ctx, field) for x in v])  # a list first: no generator to resume per item
 
 
 def MANY(item: Codec) -> Codec:
@@ -245,9 +246,9 @@ class _Nested(Codec):
         out = _structure_map(self.cls, v, ctx)
         if shared is not None and key is not None and out is not None and len(ctx.problems) == before:
             shared.keep(key, out)
-        # a nested problem with no field of its own (a non-keyword key) is named by the enclosing key
-        ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
-                                 for p in ctx.problems[before:]]
+        if len(ctx.problems) > before:  # a nested problem with no field (a non-keyword key): the enclosing key's
+            ctx.problems[before:] = [attrs.evolve(p, field=field) if p.field is None else p
+                                     for p in ctx.problems[before:]]
         if out is None:
             raise _Bad("")  # problems already recorded inside
         return out
@@ -403,11 +404,12 @@ def _plain(codec: Codec) -> bool:
 
 class _Spec:
     __slots__ = ("cls", "by_key", "by_id", "field_names", "fields", "extras_attr", "extras_ns", "required", "always",
-                 "writers", "default_texts", "_writers_without")
+                 "writers", "default_texts", "_field_writers")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
-        self.by_key: dict[Keyword, tuple[str, Codec]] = {}
+        # key -> (attribute, codec, the key's name): `Keyword.name` is a Python property, read once here
+        self.by_key: dict[Keyword, tuple[str, Codec, str]] = {}
         self.fields: list[tuple[str, Keyword, Codec]] = []
         self.extras_attr: str | None = None
         self.extras_ns: tuple[str, ...] = ()
@@ -418,12 +420,12 @@ class _Spec:
                 self.extras_attr, self.extras_ns = a.name, a.metadata[EXTRAS_META]
             elif "edn" in a.metadata:
                 k = kw(a.metadata["edn"])
-                self.by_key[k] = (a.name, a.metadata["codec"])
+                self.by_key[k] = (a.name, a.metadata["codec"], k.name)
                 self.fields.append((a.name, k, a.metadata["codec"]))
                 if a.default is attrs.NOTHING:
                     self.required.append(a.name)
         # the same entries by the id of each (interned, never freed) key
-        self.by_id: dict[int, tuple[str, Codec]] = {id(k): e for k, e in self.by_key.items()}
+        self.by_id: dict[int, tuple[str, Codec, str]] = {id(k): e for k, e in self.by_key.items()}
         self.field_names = frozenset(k.name for k in self.by_key)  # "vllm/text": the names extras are kept by
         # attribute -> (its default object, that object's text), for defaults that are registered frozen values
         self.default_texts: dict[str, tuple[Any, str]] = {}
@@ -432,21 +434,48 @@ class _Spec:
             if "edn" in a.metadata and type(d) in _REGISTERED and _frozen(d):
                 self.default_texts[a.name] = (d, write_edn(d))
         # (attribute, key, "key " text, the value's writer, written when nil, (default, its text) or None)
-        # for `write_edn`; a codec whose EDN is the value itself is written by `dumps` directly
+        # for `write_edn`; a codec whose EDN is the value itself is written by `dumps` directly, a nested
+        # class by `write_edn` directly (what `_Nested.write` calls)
         self.writers: list[_Writer] = [
-            (name, k, dumps(k) + " ", dumps if _plain(codec) else codec.write, name in self.always,
-             self.default_texts.get(name)) for name, k, codec in self.fields]
-        self._writers_without: dict[frozenset[Keyword], list[_Writer]] = {}
+            (name, k, dumps(k) + " ", _value_writer(codec), name in self.always, self.default_texts.get(name))
+            for name, k, codec in self.fields]
+        self._field_writers: dict[frozenset[Keyword], Callable[[Any], list[str]]] = {}
 
-    def writers_without(self, skip: AbstractSet[Keyword]) -> list[_Writer]:
-        """`writers` less the keys in `skip`: each record skips the same keys, so filter once, not per field."""
-        if not skip:
-            return self.writers
+    def field_writer(self, skip: AbstractSet[Keyword]) -> Callable[[Any], list[str]]:
+        """The "key value" texts of an instance's fields, less the keys in `skip`: one function per class and
+        skip set, made once (a record skips the same keys every time)."""
         key = skip if isinstance(skip, frozenset) else frozenset(skip)
-        out = self._writers_without.get(key)
+        out = self._field_writers.get(key)
         if out is None:
-            out = self._writers_without[key] = [w for w in self.writers if w[1] not in key]
+            out = self._field_writers[key] = _compile_field_writer(
+                self.cls.__name__, [w for w in self.writers if w[1] not in key])
         return out
+
+
+def _compile_field_writer(cls_name: str, writers: list[_Writer]) -> Callable[[Any], list[str]]:
+    """The loop over `writers` unrolled into straight code (as attrs makes `__init__`): per field, an
+    attribute read and a test instead of a tuple unpacked and a `getattr` call; a third of a record's cost."""
+    names: dict[str, Any] = {}
+    body = ["def write_fields(obj):", "    parts = []", "    add = parts.append"]
+    for i, (attr, _, key_text, write, always, default) in enumerate(writers):
+        names[f"write{i}"] = write
+        nil = f"add({key_text + 'nil'!r})" if always else "pass"
+        body += [f"    v = obj.{attr}", "    if v is None:", f"        {nil}"]
+        if default is not None:  # a field holding its (frozen, shared) default object: its text once
+            names[f"default{i}"] = default[0]
+            body += [f"    elif v is default{i}:", f"        add({key_text + default[1]!r})"]
+        body += ["    else:", f"        text = write{i}(v)", "        if text is None:", f"            {nil}",
+                 "        else:", f"            add({key_text!r} + text)"]
+    body.append("    return parts")
+    exec(compile("\n".join(body), f"<write_fields {cls_name}>", "exec"), names)  # noqa: S102 - our own text
+    fn: Callable[[Any], list[str]] = names["write_fields"]
+    return fn
+
+
+def _value_writer(codec: Codec) -> Callable[[Any], "str | None"]:
+    if _plain(codec):
+        return dumps
+    return write_edn if type(codec) is _Nested else codec.write
 
 
 _SPECS: dict[type, _Spec] = {}
@@ -475,7 +504,8 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[
     extras: dict[str, Any] = {}
     before = len(ctx.problems)
     by_id = spec.by_id
-    skips_fields = bool(skip) and not skip.isdisjoint(spec.by_key)
+    # the view iterates the (one or two) skipped keys; `skip.isdisjoint(dict)` hashed every field key
+    skips_fields = bool(skip) and not spec.by_key.keys().isdisjoint(skip)
     for k, v in m.items():
         # the interned field keys by identity first: a Keyword hashes in Python, an id in C
         entry = None if skips_fields else by_id.get(id(k))
@@ -495,12 +525,12 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[
                 continue
         if v is None:
             continue  # nil means absent
-        name, codec = entry
+        name, codec, field = entry
         try:
-            kwargs[name] = codec.from_edn(v, ctx, k.name)
+            kwargs[name] = codec.from_edn(v, ctx, field)
         except _Bad as e:
             if e.msg:
-                ctx.bad("request/type", f"{k}: {e.msg}", k.name, m, k)
+                ctx.bad("request/type", f"{k}: {e.msg}", field, m, k)
     for name in spec.required:
         if name in kwargs:
             continue
@@ -543,20 +573,7 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
     extras = getattr(obj, spec.extras_attr) if spec.extras_attr is not None else None
     if extras and not spec.field_names.isdisjoint(extras):  # an extra replaces a field: rare
         return _entries_of(_unstructure(obj), skip)
-    parts: list[str] = []
-    for name, _, key_text, write, always, default in spec.writers_without(skip):
-        v = getattr(obj, name)
-        if v is None:
-            if always:
-                parts.append(key_text + "nil")
-            continue
-        # a field holding its (frozen, shared) default object: its text once
-        text = default[1] if default is not None and default[0] is v else write(v)
-        if text is None:
-            if not always:
-                continue
-            text = "nil"
-        parts.append(key_text + text)
+    parts = spec.field_writer(skip)(obj)
     if extras:
         skipped = _skip_names(skip) if skip else None
         keys = _EXTRA_KEYS

@@ -19,9 +19,9 @@ _NOT_FIELDS = frozenset((K_ENDPOINT,))  # the dispatch key, read here
 
 def request_from_edn(m: Edn, form: Form | None = None) -> tuple[Request | None, list[Problem]]:
     """A typed request from an EDN map, or None and the problems (located when `form` is given)."""
-    where = form.where if form is not None else None
     if not isinstance(m, dict):
-        return None, [Problem("error", "request/type", f"a request must be a map, got {describe(m)}", where=where)]
+        return None, [Problem("error", "request/type", f"a request must be a map, got {describe(m)}",
+                              where=_where(form))]
     endpoint = m.get(K_ENDPOINT)
     if endpoint is None:
         # The Clojure builders always set it; infer only when the shape says it plainly.
@@ -29,16 +29,20 @@ def request_from_edn(m: Edn, form: Form | None = None) -> tuple[Request | None, 
         if endpoint is None:
             return None, [Problem("error", "request/missing-key",
                                   "request needs :vllm/endpoint (one of " + " ".join(":" + e for e in ENDPOINTS) + ")",
-                                  field="vllm/endpoint", where=where)]
+                                  field="vllm/endpoint", where=_where(form))]
     if not isinstance(endpoint, Keyword) or endpoint.name not in REQUEST_CLASSES:
         loc = form.locate(m, K_ENDPOINT) if form is not None else None
         return None, [Problem("error", "request/endpoint",
                               f":vllm/endpoint must be one of {' '.join(':' + e for e in ENDPOINTS)}, "
                               f"got {describe(endpoint)}", field="vllm/endpoint",
-                              where=f"{form.source}:{loc[0]}:{loc[1]}" if form is not None and loc else where)]
+                              where=f"{form.source}:{loc[0]}:{loc[1]}" if form is not None and loc else _where(form))]
     cls = REQUEST_CLASSES[endpoint.name]
     req, problems = structure_located(m, cls, form, skip=_NOT_FIELDS)
     return req, problems
+
+
+def _where(form: Form | None) -> str | None:
+    return form.where if form is not None else None  # made only for a problem: a request that reads needs none
 
 
 def request_to_edn(req: Request) -> dict[Keyword, Edn]:

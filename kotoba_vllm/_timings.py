@@ -34,7 +34,9 @@ class ServerTimings:
     e2e_ms: float | None = None  # server-side arrival -> finish
 
 
-@attrs.frozen
+# Not frozen: built once per request and never changed after; a frozen attrs class sets each field
+# through `object.__setattr__`, twice the cost of this one's plain slot stores.
+@attrs.define
 class ClientClock:
     """Client-side instants (perf_counter seconds) of one exchange."""
 

@@ -40,8 +40,10 @@ def entry_from_form(index: int, f: Form) -> BatchEntry:
     try:
         req, problems = request_from_edn(f.value, f)
         if req is not None:  # engine-independent checks now, so their problems name the key's line
-            problems = problems + locate_problems(request_problems(req), f)
-            if not any(p.is_error for p in problems):
+            found = request_problems(req)
+            if found:
+                problems = problems + locate_problems(found, f)
+            if not problems or not any(p.is_error for p in problems):
                 mark_checked(req)  # sending it checks only what the engine supports
     except Exception as exc:  # a reader bug costs this form its request, never the run its records
         msg = InternalError.from_exception(exc, during="while reading this request").message

@@ -25,7 +25,7 @@ class BatchEntry:
 
     @property
     def sendable(self) -> bool:
-        return self.request is not None and not any(p.is_error for p in self.problems)
+        return self.request is not None and (not self.problems or not any(p.is_error for p in self.problems))
 
     @property
     def request_id(self) -> str | int | None:
