@@ -1,10 +1,18 @@
-"""`python benchmarks/instructions.py run|async [--concurrency N]`: instructions per request, counted.
+"""`python benchmarks/instructions.py run|vllm|pool|async [--concurrency N]`: instructions per request, counted.
 
 CPU time on a shared or virtual machine moves between levels (benchmarks/README.md); an instruction count does
 not. This runs one contender under valgrind's cachegrind twice, for 100 and for 300 requests against the canned
 server (answering after 20 ms), and prints the slope: instructions per request with start-up cancelled out.
+Above 16 in flight the two runs are 1,000 and 3,000 requests (100 would hardly outlast filling the slots);
+`--sizes A B` chooses others.
 
 - `run`: `python -m kotoba_vllm run` on a file of plain chat requests, with no harness around it.
+- `vllm`: the same with `--backend vllm`, against one member: what `pool` is compared with.
+- `pool`: the same over two members (`--backend vllm` and two `--base-url`s: the canned server's two ports).
+  The pool probes by the clock (a round at most every 0.5 s) and valgrind runs the client ~16x slower, so at
+  the default interval a counted run would take ~16x the rounds per request of a real one, and at 256 in flight
+  most requests would wait for a round (measured: every one of 1,000, against 256 of 3,000 outside valgrind).
+  The interval is scaled by the same factor (`--capacity-interval 8`): as many rounds per request as a real run.
 - `async`: `benchmarks/_peers.py kotoba` (an `AsyncClient`, one worker per slot, as in scenario d).
 
 A cyclic garbage collection costs ~17 M instructions; whether one lands between request 100 and 300 can move the
@@ -28,8 +36,11 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE]
 
 from canned_server import CannedServer  # noqa: E402
+from kotoba_vllm.capacity._view import DEFAULT_INTERVAL_S  # noqa: E402
 
 SIZES = (100, 300)
+SIZES_MANY_IN_FLIGHT = (1000, 3000)
+VALGRIND_SLOWDOWN = 16  # a 256-in-flight pool run: 1,280 requests/s outside valgrind, 81 inside
 REQUEST = ('{{:vllm/endpoint :chat :vllm/model "canned" :vllm/sampling {{:vllm/max-tokens 4}} '
            ':vllm/messages [{{:vllm/role :user :vllm/content "Say hi {i}"}}]}}\n')
 
@@ -57,46 +68,56 @@ def counts(out_file: str) -> tuple[int, int]:
     return total, sum(n for (f, g), n in per.items() if collector(f, g))
 
 
-def argv_for(mode: str, n: int, conc: int, url: str, work: str) -> list[str]:
-    if mode == "run":
-        src = os.path.join(work, f"requests-{n}.edn")
-        with open(src, "w", encoding="utf-8") as fh:
-            fh.writelines(REQUEST.format(i=i) for i in range(n))
-        return [sys.executable, "-m", "kotoba_vllm", "run", src, "--backend", "openai", "--concurrency", str(conc),
-                "--output", os.path.join(work, f"records-{n}.edn"), "--no-progress", "--base-url", url]
-    return [sys.executable, os.path.join(HERE, "_peers.py"), "kotoba", url, str(conc), str(n)]
+def sizes_for(conc: int) -> tuple[int, int]:
+    return SIZES if conc <= 16 else SIZES_MANY_IN_FLIGHT
 
 
-def measure(mode: str, conc: int) -> dict[str, float]:
+def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str) -> list[str]:
+    """The contender's command line: `run`, `vllm` and `pool` are the CLI, `async` the peer script."""
+    if mode == "async":
+        return [sys.executable, os.path.join(HERE, "_peers.py"), "kotoba", urls[0], str(conc), str(n)]
+    src = os.path.join(work, f"requests-{n}.edn")
+    with open(src, "w", encoding="utf-8") as fh:
+        fh.writelines(REQUEST.format(i=i) for i in range(n))
+    members = urls if mode == "pool" else urls[:1]
+    return [sys.executable, "-m", "kotoba_vllm", "run", src, "--backend", "openai" if mode == "run" else "vllm",
+            "--concurrency", str(conc), "--output", os.path.join(work, f"records-{n}.edn"), "--no-progress",
+            *(a for u in members for a in ("--base-url", u)),
+            *(("--capacity-interval", f"{DEFAULT_INTERVAL_S * VALGRIND_SLOWDOWN:g}") if mode == "pool" else ())]
+
+
+def measure(mode: str, conc: int, sizes: tuple[int, int] | None = None) -> dict[str, float]:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: instructions are not counted (nothing measured)")
+    sizes = sizes or sizes_for(conc)
     env = dict(os.environ, PYTHONPATH=ROOT)
     seen: dict[int, tuple[int, int]] = {}
-    with CannedServer(delay_ms=20, cpu=1 if (os.cpu_count() or 1) >= 2 else None) as srv, \
-            tempfile.TemporaryDirectory() as work:
-        for n in SIZES:
+    with CannedServer(delay_ms=20, cpu=1 if (os.cpu_count() or 1) >= 2 else None,
+                      ports=2 if mode == "pool" else 1) as srv, tempfile.TemporaryDirectory() as work:
+        for n in sizes:
             out = os.path.join(work, f"cachegrind-{n}.out")
             r = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
-                               + argv_for(mode, n, conc, srv.base_url, work),
+                               + argv_for(mode, n, conc, srv.base_urls, work),
                                capture_output=True, text=True, cwd=ROOT, env=env)
             if r.returncode != 0 or not re.search(r"I\s+refs:", r.stderr):
                 raise SystemExit(f"{mode} with {n} requests failed (rc {r.returncode}):\n{r.stderr[-2000:]}")
             seen[n] = counts(out)
-    (a_all, a_gc), (b_all, b_gc) = seen[SIZES[0]], seen[SIZES[1]]
-    per = SIZES[1] - SIZES[0]
+    (a_all, a_gc), (b_all, b_gc) = seen[sizes[0]], seen[sizes[1]]
+    per = sizes[1] - sizes[0]
     return {"per_request": (b_all - a_all) / per, "per_request_without_collector": ((b_all - b_gc) - (a_all - a_gc)) / per,
-            "total_small": a_all, "total_large": b_all}
+            "total_small": a_all, "total_large": b_all, "small": sizes[0], "large": sizes[1]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("run", "async"))
+    ap.add_argument("mode", choices=("run", "vllm", "pool", "async"))
     ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--sizes", type=int, nargs=2, metavar=("A", "B"), help="the two batch sizes (A < B)")
     a = ap.parse_args(argv)
-    m = measure(a.mode, a.concurrency)
+    m = measure(a.mode, a.concurrency, tuple(a.sizes) if a.sizes else None)
     print(f"{a.mode} at {a.concurrency} in flight: {m['per_request_without_collector'] / 1e3:.1f} k instructions per "
           f"request without the collector ({m['per_request'] / 1e3:.1f} k with it; whole process "
-          f"{m['total_small']:,} at {SIZES[0]} requests, {m['total_large']:,} at {SIZES[1]})")
+          f"{m['total_small']:,} at {m['small']:,} requests, {m['total_large']:,} at {m['large']:,})")
     return 0
 
 

@@ -17,8 +17,7 @@ import attrs
 import cattrs
 
 from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
-from ._errors import StructureError
-from ._memo import BoundedMemo
+from ._errors import EdnWriteError, StructureError
 from ._memo import BoundedMemo
 from ._problems import Problem
 
@@ -577,12 +576,31 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
     if extras:
         skipped = _skip_names(skip) if skip else None
         keys = _EXTRA_KEYS
+        kept = _KEPT_TEXT
         for name, x in extras.items():
             if skipped is not None and name in skipped:
                 continue
             key_text = keys.get(name) or _extra_key(name)
-            parts.append(key_text + dumps(x))
+            text = kept.get(id(x))
+            parts.append(key_text + (text[1] if text is not None and text[0] is x else dumps(x)))
     return parts
+
+
+# id(value) -> (the value, its EDN text): values a caller puts in many records' extras (a pool's member, why
+# and verdict), written once. The entry holds the value, so its id names nothing else while it is kept.
+_KEPT_TEXT: BoundedMemo[int, tuple[Any, str]] = BoundedMemo(1024)
+_IMMUTABLE = (str, bool, int, Keyword, type(None))
+
+
+def keep_text(value: Any) -> None:
+    """Keep `value`'s EDN text for `write_fields` to reuse whenever that very object is an extra again.
+    Immutable values only (a kept text must stay true)."""
+    if type(value) in _IMMUTABLE and _KEPT_TEXT.get(id(value), (None,))[0] is not value:
+        try:
+            text = dumps(value)
+        except EdnWriteError:
+            return  # no text: the record writer says so when it meets the value
+        _KEPT_TEXT.keep(id(value), (value, text))
 
 
 # extra name -> its "key " text: a pool writes the same four extras into every record

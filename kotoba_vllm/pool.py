@@ -40,7 +40,7 @@ from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_e
                            server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire, default_sync_wire, default_wire
-from ._codec import BOOL, KW, MANY, NUM, STR
+from ._codec import BOOL, KW, MANY, NUM, STR, keep_text
 from ._edn import Edn, EdnMap, Keyword, kw, read_file
 from ._errors import AdmissionRejected, ConfigError
 from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
@@ -142,7 +142,7 @@ class _PoolCore:
         self.last_capacity: PoolCapacity | None = None
         self.view = CapacityView(self.members, capacity_interval_s)
         self._noted_cap: PoolCapacity | None = None  # the round `_notes` were made for
-        self._notes: dict[Admission, dict[str, Edn]] = {}
+        self._notes: dict[int, tuple[Admission, dict[str, Edn]]] = {}  # by id(admission)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.members)!r}, backend={self.backend!r})"
@@ -159,12 +159,11 @@ class _PoolCore:
     def _decide(self, cap: PoolCapacity, req: Request, conversation: str | None) -> Admission:
         """Choose, and count the request in flight on its member (`_done` ends it)."""
         self.last_capacity = cap
-        adm = self.view.decide(cap, self.affinity.lookup(req, conversation))
+        adm = self.view.take(cap, self.affinity.lookup(req, conversation))
         if adm.member is None:
             raise AdmissionRejected(
                 f"every pool member ({len(self.members)}) was measured busy; nothing was sent",
                 reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn())
-        self.view.begin(adm.member)
         return adm
 
     def _done(self, member: str) -> None:
@@ -178,13 +177,19 @@ class _PoolCore:
     def _annotate_text(self, resp: Response, adm: Admission, cap: PoolCapacity) -> Response:
         if self._noted_cap is not cap:
             self._noted_cap, self._notes = cap, {}
-        notes = self._notes.get(adm)  # the same few admissions recur: their extras are made once a round
-        if notes is None:
+        # The same few admissions recur (the view hands out the ones it made): their extras are made once a
+        # round, found by identity (an attrs hash is a Python call), and their EDN text is kept for the records
+        made = self._notes.get(id(adm))
+        if made is not None and made[0] is adm:
+            notes = made[1]
+        else:
             a = cap.answer_for(adm.member or "")
             notes = {"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why}
             if a is not None:
                 notes["capacity/verdict"] = kw(a.verdict)
-            self._notes[adm] = notes
+            for v in notes.values():
+                keep_text(v)
+            self._notes[id(adm)] = (adm, notes)
         # `resp` is the answer our member client just made for this call and handed to nobody else: its
         # extras dict is added to in place (a copy of the whole response costs more than the rest of
         # the pool's work per request)
@@ -564,12 +569,15 @@ class AsyncPool(_PoolCore):
 
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
                    conversation: str | None = None) -> AnyResponse:
-        # `_admit` inline: the view's round is read without a round trip through the event loop
+        # `_admit` inline: the view's round is read without a round trip through the event loop, and a
+        # fresh one without a call
         req = self._for_pool(to_request(request))
         view = self.view
-        cap = self._readable(time.monotonic())
-        if cap is None:
-            cap = await self._current()
+        cap = view.snapshot
+        if cap is None or not 0 < time.monotonic() - view.started <= view.interval_s:
+            cap = self._readable(time.monotonic())
+            if cap is None:
+                cap = await self._current()
         adm = self._decide(cap, req, conversation)
         member = adm.member or ""
         client = self.clients[member]
@@ -582,7 +590,7 @@ class AsyncPool(_PoolCore):
         finally:
             view.end(member, time.monotonic())
         self.affinity.remember(req, member, conversation)
-        return self._annotate(resp, adm, cap)
+        return self._annotate_text(resp, adm, cap) if isinstance(resp, Response) else resp
 
     async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                      conversation: str | None = None) -> AsyncPoolStream:

@@ -144,3 +144,19 @@ def test_instruction_counts_are_summed_per_function_and_the_collector_is_set_apa
                    "fl=/src/Objects/tupleobject.c\nfn=tupletraverse\n3 7\n"
                    "summary: 1907\n")
     assert instructions.counts(str(out)) == (1907, 347)
+
+
+def test_the_pool_is_counted_over_two_members_against_one_member_of_the_same_backend(tmp_path) -> None:
+    """`instructions.py pool` runs the CLI over both of the canned server's ports, `vllm` the same CLI against
+    one of them with the same backend; the pool's probe interval is stretched by valgrind's slowdown, so a
+    counted run takes as many probe rounds per request as a real one."""
+    instructions = _bench_module("instructions")
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    pool = instructions.argv_for("pool", 10, 256, urls, str(tmp_path))
+    one = instructions.argv_for("vllm", 10, 256, urls, str(tmp_path))
+    assert pool[pool.index("--backend") + 1] == one[one.index("--backend") + 1] == "vllm"
+    assert [pool[i + 1] for i, a in enumerate(pool) if a == "--base-url"] == urls
+    assert [one[i + 1] for i, a in enumerate(one) if a == "--base-url"] == urls[:1]
+    assert float(pool[pool.index("--capacity-interval") + 1]) > 0.5 and "--capacity-interval" not in one
+    assert (tmp_path / "requests-10.edn").read_text().count("\n") == 10
+    assert instructions.sizes_for(256) == (1000, 3000) and instructions.sizes_for(1) == (100, 300)

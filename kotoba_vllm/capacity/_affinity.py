@@ -91,6 +91,17 @@ class Affinity:
         return None
 
     def remember(self, request: Any, member: str, conversation: str | None = None) -> None:
+        messages = getattr(request, "messages", None)
+        if not conversation and messages and len(messages) == 1:  # a first turn (the common batch request):
+            key = ("m", hash((0, _fingerprint(messages[0]))))  # `message_prefix_keys`' one key, no list
+            table = self._table
+            with self._lock:
+                if key in table:
+                    table.move_to_end(key)
+                table[key] = member
+                while len(table) > self._max:
+                    table.popitem(last=False)
+            return
         keys = request_keys(request)
         if conversation:
             keys.insert(0, ("c", conversation))

@@ -111,6 +111,16 @@ class CapacityView:
             adm = self._made[key] = self._admission(pick, load)
         return adm
 
+    def take(self, cap: PoolCapacity, affinity: str | None) -> Admission:
+        """`decide`, and when a member is chosen, `begin` on it (one call per request)."""
+        adm = self.decide(cap, affinity)
+        member = adm.member
+        if member is not None:
+            inflight, sent = self.inflight, self.sent
+            inflight[member] = inflight.get(member, 0) + 1
+            sent[member] = sent.get(member, 0) + 1
+        return adm
+
     def _admission(self, member: str, load: int) -> Admission:
         if not self._measured_free:
             return Admission(member, UNMEASURED_WHY, False)
