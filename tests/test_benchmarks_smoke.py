@@ -65,6 +65,10 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     pool = [t for t in throughput if t[kw("bench/contender")] == "kotoba-run-pool"]
     assert pool and all(t[kw("bench/paired-cpu-ratio")] > 0 for t in pool)
     assert "paired by round" in r.stdout
+    # at 4 in flight the pool group gets a round of its own beyond the one every contender has
+    rounds = {t[kw("bench/contender")]: t[kw("bench/rounds")] for t in throughput if t[kw("bench/concurrency")] == 4}
+    assert rounds["kotoba-run-pool"] == rounds["kotoba-run-vllm"] == rounds["kotoba-run"] == 2
+    assert rounds["aiohttp"] == rounds["kotoba"] == 1
 
 
 def test_a_ratio_paired_by_round_cancels_the_machine_changing_speed_between_rounds() -> None:
