@@ -204,7 +204,9 @@ def predecessor(out_dir: str, this_name: str) -> str | None:
 
 def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[dict[str, Any]]:
     """At 1 in flight, each kotoba contender's CPU over raw httpx's in this run and in the predecessor file
-    (the target: no worse). Both as ratios of medians, the one figure the older files hold."""
+    (the target: no worse). Read paired by round when both files hold that figure (each round's kotoba and
+    raw httpx run back to back, so the machine's drift within a run cancels); else as ratios of medians,
+    the one figure older files hold. The other reading goes in the note."""
     if pred_path is None:
         return []
     from readme_table import load
@@ -212,18 +214,29 @@ def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[d
     now = {(r["contender"], r["concurrency"]): r for r in res}
     rows = []
     for me, label in (("kotoba", "AsyncClient"), ("kotoba-run", "run")):
-        def ratio(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
+        def medians(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
             a, b = at.get((me, 1), {}).get("cpu_ms_per_req"), at.get(("httpx", 1), {}).get("cpu_ms_per_req")
             return a / b if a and b else None
-        mine, theirs = ratio(now), ratio(pred)
-        if mine is None or theirs is None:
+
+        def paired(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
+            return at.get((me, 1), {}).get("paired_cpu_ratio_to_httpx")
+        m_now, m_then, p_now, p_then = medians(now), medians(pred), paired(now), paired(pred)
+        if p_now and p_then:
+            mine, theirs = p_now, p_then
+            how = f"paired by round in both; ratios of medians: {_x(m_now)} now, {_x(m_then)} then"
+        elif m_now and m_then:
+            mine, theirs = m_now, m_then
+            how = f"ratios of medians; paired by round: {_x(p_now)} now, {_x(p_then)} then"
+        else:
             continue
-        paired = now[(me, 1)].get("paired_cpu_ratio_to_httpx")
         rows.append(row(f"d. {label} CPU / raw httpx's, conc 1", "canned+20ms", "x httpx",
                         {"kotoba": mine, "predecessor": theirs}, (("predecessor", 1.0),),
-                        f"the predecessor is {os.path.basename(pred_path)}; this run's paired by round: "
-                        + (f"{paired:.3f}x" if paired else "-")))
+                        f"the predecessor is {os.path.basename(pred_path)}; {how}"))
     return rows
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.3f}x" if v else "-"
 
 
 def _paired(r: dict[str, Any]) -> str:
