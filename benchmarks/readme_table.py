@@ -101,11 +101,11 @@ def predecessor_table(result: dict[str, Any]) -> list[str]:
     if not found:
         return []
     out = ["**At 1 in flight: CPU over raw httpx's, against the previous result file (target: no worse)**", "",
-           "| contender | this run | predecessor | | paired by round (this run) |", "|---|---|---|---|---|"]
+           "| contender | this run | predecessor | | how read; the other reading |", "|---|---|---|---|---|"]
     for r in found:
         values, met = r.get("values") or {}, next(iter((r.get("targets") or {}).values()), None)
         label = r["scenario"].split(" CPU")[0].removeprefix("d. ")
-        paired = (r.get("note") or "").rsplit("paired by round: ", 1)[-1]
+        paired = (r.get("note") or "").split("; ", 1)[-1]
         out.append(f"| `{label}` | {_cell(values.get('kotoba'), '.3f')}x | {_cell(values.get('predecessor'), '.3f')}x "
                    f"({(r.get('note') or '').split('predecessor is ')[-1].split(';')[0]}) | "
                    f"{'met' if met else '**missed**' if met is False else ''} | {paired} |")

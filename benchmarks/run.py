@@ -47,6 +47,9 @@ class Sizes:
         # 3 let one noisy round in 3 decide a pool/run ratio at 256; at 1 in flight the target compares with the
         # predecessor file, and 5 rounds (each ~7 s) let the machine's two speeds move the ratio to raw httpx 0.49-0.58
         self.conc_rounds = {c: 1 for c in self.concs} if quick else {1: 7, 16: 5, 64: 5, 256: 5}
+        # the pool's ratios to the plain `run` beside it: 5 paired rounds read 0.84x at 256 where the
+        # instruction counts say ~0.91x; 4 more rounds of the three alone (about 2 minutes)
+        self.group_rounds = {c: 1 for c in self.concs} if quick else {1: 7, 16: 9, 64: 9, 256: 9}
         self.open_streams = 32 if quick else 128
         self.memory_total, self.memory_first = (2000, 500) if quick else (10_000, 1000)
         self.edn_sizes: tuple[int, ...] = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
@@ -57,6 +60,7 @@ class Sizes:
             self.latency_n, self.cpu_rounds, self.cpu_block = 3, 1, 2
             self.stream_rounds, self.stream_chunks, self.open_streams = 1, 50, 2
             self.concs, self.conc_n, self.conc_rounds = (1, 4), {1: 5, 4: 12}, {1: 1, 4: 1}
+            self.group_rounds = {1: 1, 4: 2}
             self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
             self.batch_n, self.llama_latency_n = 5, 3
         self.contenders = ("aiohttp", "kotoba", "kotoba-run") if smoke else _throughput.CONTENDERS
@@ -141,7 +145,7 @@ PEER_NAMES = ("aiohttp", "httpx", "httpx2", "openai", "flexllm")
 def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                                      list[str]]:
     """Rows for the table, the raw per-contender results, and notes."""
-    res, notes = _throughput.matrix(s.concs, s.conc_n, s.conc_rounds, step, s.contenders)
+    res, notes = _throughput.matrix(s.concs, s.conc_n, s.conc_rounds, step, s.contenders, s.group_rounds)
     rows = []
     for conc in s.concs:
         at = {r["contender"]: r for r in res if r["concurrency"] == conc}
@@ -200,7 +204,9 @@ def predecessor(out_dir: str, this_name: str) -> str | None:
 
 def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[dict[str, Any]]:
     """At 1 in flight, each kotoba contender's CPU over raw httpx's in this run and in the predecessor file
-    (the target: no worse). Both as ratios of medians, the one figure the older files hold."""
+    (the target: no worse). Read paired by round when both files hold that figure (each round's kotoba and
+    raw httpx run back to back, so the machine's drift within a run cancels); else as ratios of medians,
+    the one figure older files hold. The other reading goes in the note."""
     if pred_path is None:
         return []
     from readme_table import load
@@ -208,18 +214,29 @@ def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[d
     now = {(r["contender"], r["concurrency"]): r for r in res}
     rows = []
     for me, label in (("kotoba", "AsyncClient"), ("kotoba-run", "run")):
-        def ratio(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
+        def medians(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
             a, b = at.get((me, 1), {}).get("cpu_ms_per_req"), at.get(("httpx", 1), {}).get("cpu_ms_per_req")
             return a / b if a and b else None
-        mine, theirs = ratio(now), ratio(pred)
-        if mine is None or theirs is None:
+
+        def paired(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
+            return at.get((me, 1), {}).get("paired_cpu_ratio_to_httpx")
+        m_now, m_then, p_now, p_then = medians(now), medians(pred), paired(now), paired(pred)
+        if p_now and p_then:
+            mine, theirs = p_now, p_then
+            how = f"paired by round in both; ratios of medians: {_x(m_now)} now, {_x(m_then)} then"
+        elif m_now and m_then:
+            mine, theirs = m_now, m_then
+            how = f"ratios of medians; paired by round: {_x(p_now)} now, {_x(p_then)} then"
+        else:
             continue
-        paired = now[(me, 1)].get("paired_cpu_ratio_to_httpx")
         rows.append(row(f"d. {label} CPU / raw httpx's, conc 1", "canned+20ms", "x httpx",
                         {"kotoba": mine, "predecessor": theirs}, (("predecessor", 1.0),),
-                        f"the predecessor is {os.path.basename(pred_path)}; this run's paired by round: "
-                        + (f"{paired:.3f}x" if paired else "-")))
+                        f"the predecessor is {os.path.basename(pred_path)}; {how}"))
     return rows
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.3f}x" if v else "-"
 
 
 def _paired(r: dict[str, Any]) -> str:
