@@ -235,6 +235,45 @@ def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[d
     return rows
 
 
+# (instructions.py mode, concurrency): the modes behind the targets CPU time reads noisily
+INSTRUCTION_MODES: tuple[tuple[str, int], ...] = (("async", 1), ("run", 1))
+
+
+def instruction_counts(step: Callable[[str], None]) -> tuple[dict[str, float], list[str]]:
+    """g. Thousands of instructions per request under cachegrind (`instructions.py`), without the cyclic
+    collector, per mode; a mode that cannot be counted is named in a note, never reported as zero."""
+    import instructions
+    if shutil.which("valgrind") is None:
+        return {}, ["g not measured: valgrind is not installed"]
+    counts: dict[str, float] = {}
+    notes: list[str] = []
+    for mode, conc in INSTRUCTION_MODES:
+        label = f"{mode} at {conc} in flight"
+        step(f"g instructions per request, {label}")
+        try:
+            counts[label] = instructions.measure(mode, conc)["per_request_without_collector"] / 1e3
+        except SystemExit as e:
+            notes.append(f"g {label} not measured: {str(e)[-300:]}")
+    return counts, notes
+
+
+def instruction_rows(counts: Mapping[str, float], pred_path: str | None) -> list[dict[str, Any]]:
+    """Each count beside the predecessor file's for the same mode (when it has one). No target: a count does
+    not move with the machine's speed, so it says what a CPU ratio on the line between met and missed cannot."""
+    pred: dict[str, float] = {}
+    if pred_path is not None:
+        from readme_table import load
+        pred = {r["scenario"]: r["values"]["kotoba"] for r in load(pred_path).get("rows") or []
+                if r.get("scenario", "").startswith("g. ") and (r.get("values") or {}).get("kotoba")}
+    rows = []
+    for label, k in counts.items():
+        scenario = f"g. instructions per request, {label}"
+        rows.append(row(scenario, "canned+20ms", "k instr", {"kotoba": k, "predecessor": pred.get(scenario)}, (),
+                        "cachegrind, the slope between 100 and 300 requests, the cyclic collector's own "
+                        "functions left out" + ("" if scenario in pred else "; the predecessor has no count")))
+    return rows
+
+
 def _x(v: float | None) -> str:
     return f"{v:.3f}x" if v else "-"
 
@@ -329,6 +368,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                          f"{r['unit'] if first else '':<6} {fmt(r['values'].get('kotoba')) if first else '':>8} "
                          f"{name + ' ' + fmt(r['values'].get(name)):>22} {fmt(ratio) + 'x':>7}  {mark}")
             first = False
+        if first:  # nothing to compare with: the figure alone
+            lines.append(f"{r['scenario']:<40} {r['server']:<12} {r['unit']:<6} {fmt(r['values'].get('kotoba')):>8}")
         if r["note"]:
             lines.append(f"{'':<40}   ({r['note']})")
     return "\n".join(lines)
@@ -374,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small counts (a minute or two); ratios are noisier")
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: tiny counts
     ap.add_argument("--no-llama", action="store_true", help="skip the real llama-server")
-    ap.add_argument("--only", default="abcdef", help="scenario letters to run (default abcdef)")
+    ap.add_argument("--only", default="abcdefg",
+                    help="scenario letters to run (default abcdefg; g needs valgrind)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the EDN results")
     a = ap.parse_args(argv)
     s = Sizes(a.quick, a.smoke)
@@ -408,11 +450,16 @@ def main(argv: list[str] | None = None) -> int:
         lrows, note = llama_rows(s)
         rows += lrows
         notes.append(note)
+    counts: dict[str, float] = {}
+    if "g" in a.only:  # last: deterministic, so the machine's state after the timed scenarios does not matter
+        counts, gnotes = instruction_counts(step)
+        notes += gnotes
     now = dt.datetime.now(dt.timezone.utc)
     date = now.strftime("%Y-%m-%dT%H:%MZ")
     name = now.strftime("%Y-%m-%dT%H%M%SZ") + ("-smoke" if a.smoke else "-quick" if a.quick else "") + ".edn"
     if throughput:
         rows += predecessor_rows(throughput, predecessor(a.out, name))
+    rows += instruction_rows(counts, predecessor(a.out, name))
     mach = machine()
     print(f"kotoba_vllm benchmarks {date}  nproc={mach['nproc']} ram={mach['ram-gb']}GB python={mach['python']} "
           f"httpx={mach['httpx']} openai={mach['openai']} orjson={mach['orjson']} "

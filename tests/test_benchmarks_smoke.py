@@ -40,7 +40,7 @@ def test_canned_server_answers_chat_and_streams_through_the_client(canned) -> No
 
 
 def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--no-llama", "--out",
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--no-llama", "--only", "abcdef", "--out",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     for scenario in ("a. latency", "b. client CPU per request", "c. client CPU per streamed chunk",
@@ -139,6 +139,31 @@ def test_one_in_flight_is_compared_with_the_newest_earlier_full_result_file(tmp_
     assert ("| `AsyncClient` | 0.520x | 0.510x (2026-12-01T002716Z.edn) | **missed** | paired by round in both; "
             "ratios of medians: 0.550x now, 0.500x then |") in text
     assert "| `run` | 0.650x | 0.700x (2026-12-01T002716Z.edn) | met | ratios of medians;" in text
+
+
+def test_instruction_counts_sit_beside_the_predecessor_files_and_a_missing_count_is_never_zero(
+        tmp_path, monkeypatch) -> None:
+    from kotoba_vllm._edn import pretty
+    run = _bench_module("run")
+    old = run.instruction_rows({"run at 1 in flight": 1043.6}, None)
+    assert old[0]["values"] == {"kotoba": 1043.6, "predecessor": None}
+    assert "the predecessor has no count" in old[0]["note"] and old[0]["targets"] == {}
+    pred = tmp_path / "2026-12-01T002716Z.edn"
+    pred.write_text(pretty(run.to_edn_result("d", {"nproc": 2}, old, [], [])) + "\n")
+    [now] = run.instruction_rows({"run at 1 in flight": 990.0}, str(pred))
+    assert now["scenario"] == "g. instructions per request, run at 1 in flight"
+    assert now["values"] == {"kotoba": 990.0, "predecessor": 1043.6}
+    assert abs(now["ratios"]["predecessor"] - 990.0 / 1043.6) < 1e-9 and "no count" not in now["note"]
+    readme_table = _bench_module("readme_table")
+    this = tmp_path / "this.edn"
+    this.write_text(pretty(run.to_edn_result("d", {"nproc": 2}, [now], [], [])) + "\n")
+    text = "\n".join(readme_table.instructions_table(readme_table.load(str(this))))
+    assert "| run at 1 in flight | 990.0 | 1043.6 | 0.949x |" in text
+    # without valgrind nothing is counted and a note says so: no row, no zero
+    monkeypatch.setattr(run.shutil, "which", lambda _: None)
+    counts, notes = run.instruction_counts(lambda _: None)
+    assert counts == {} and notes == ["g not measured: valgrind is not installed"]
+    assert run.instruction_rows(counts, str(pred)) == []
 
 
 def test_instruction_counts_are_summed_per_function_and_the_collector_is_set_apart(tmp_path) -> None:
