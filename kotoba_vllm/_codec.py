@@ -576,31 +576,36 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
     if extras:
         skipped = _skip_names(skip) if skip else None
         keys = _EXTRA_KEYS
-        kept = _KEPT_TEXT
+        kept = _KEPT_ENTRIES
         for name, x in extras.items():
             if skipped is not None and name in skipped:
                 continue
-            key_text = keys.get(name) or _extra_key(name)
-            text = kept.get(id(x))
-            parts.append(key_text + (text[1] if text is not None and text[0] is x else dumps(x)))
+            entry = kept.get(id(x))
+            if entry is not None and entry[0] is x and entry[1] == name:
+                parts.append(entry[2])
+            else:
+                parts.append((keys.get(name) or _extra_key(name)) + dumps(x))
     return parts
 
 
-# id(value) -> (the value, its EDN text): values a caller puts in many records' extras (a pool's member, why
-# and verdict), written once. The entry holds the value, so its id names nothing else while it is kept.
-_KEPT_TEXT: BoundedMemo[int, tuple[Any, str]] = BoundedMemo(1024)
+# id(value) -> (the value, its extra's name, the entry's "key value" text): an extra a caller puts in many
+# records (a pool's member, why and verdict), written once. The entry holds the value, so while it is kept
+# its id names no other object.
+_KEPT_ENTRIES: BoundedMemo[int, tuple[Any, str, str]] = BoundedMemo(1024)
 _IMMUTABLE = (str, bool, int, Keyword, type(None))
 
 
-def keep_text(value: Any) -> None:
-    """Keep `value`'s EDN text for `write_fields` to reuse whenever that very object is an extra again.
-    Immutable values only (a kept text must stay true)."""
-    if type(value) in _IMMUTABLE and _KEPT_TEXT.get(id(value), (None,))[0] is not value:
-        try:
-            text = dumps(value)
-        except EdnWriteError:
-            return  # no text: the record writer says so when it meets the value
-        _KEPT_TEXT.keep(id(value), (value, text))
+def keep_extra_text(name: str, value: Any) -> None:
+    """Keep the record text of the extra `name` holding `value`, for `write_fields` to reuse whenever that
+    very object is that extra again. Immutable values only (a kept text must stay true)."""
+    had = _KEPT_ENTRIES.get(id(value))
+    if type(value) not in _IMMUTABLE or had is not None and had[0] is value and had[1] == name:
+        return
+    try:
+        text = (_EXTRA_KEYS.get(name) or _extra_key(name)) + dumps(value)
+    except EdnWriteError:
+        return  # no text: the record writer says so when it meets the extra
+    _KEPT_ENTRIES.keep(id(value), (value, name, text))
 
 
 # extra name -> its "key " text: a pool writes the same four extras into every record

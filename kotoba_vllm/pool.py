@@ -40,7 +40,7 @@ from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_e
                            server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire, default_sync_wire, default_wire
-from ._codec import BOOL, KW, MANY, NUM, STR, keep_text
+from ._codec import BOOL, KW, MANY, NUM, STR, keep_extra_text
 from ._edn import Edn, EdnMap, Keyword, kw, read_file
 from ._errors import AdmissionRejected, ConfigError
 from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
@@ -187,8 +187,8 @@ class _PoolCore:
             notes = {"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why}
             if a is not None:
                 notes["capacity/verdict"] = kw(a.verdict)
-            for v in notes.values():
-                keep_text(v)
+            for name, v in notes.items():
+                keep_extra_text(name, v)
             self._notes[id(adm)] = (adm, notes)
         # `resp` is the answer our member client just made for this call and handed to nobody else: its
         # extras dict is added to in place (a copy of the whole response costs more than the rest of

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _strategies import responses, stream_deltas, usages
-from kotoba_vllm._codec import keep_text, write_edn
+from kotoba_vllm._codec import keep_extra_text, write_edn
 from kotoba_vllm._edn import dumps, kw, read_one
 from kotoba_vllm._model import ChatRequest, EmbeddingResponse, Message, Response, TokenizeResponse, to_edn
 from kotoba_vllm.batch import BatchEntry, Recorder
@@ -78,12 +78,14 @@ def test_records_with_pool_extras_are_the_generic_text_every_time(extras: dict[s
                        max_size=5),
        st.integers(0, 3))
 def test_extras_whose_text_is_kept_write_the_same_record(extras: dict[str, Any], kept: int) -> None:
-    # a pool keeps its notes' texts (`keep_text`); a record is still the generic text, whichever values were
-    # kept, and a value equal to a kept one but another object (1 and True) is written as itself
-    for v in list(extras.values())[:kept]:
-        keep_text(v)
-    keep_text(1)
-    keep_text([0])  # mutable: never kept
+    # a pool keeps its notes' texts (`keep_extra_text`); a record is still the generic text, whichever extras
+    # were kept, and a value equal to a kept one but another object (1 and True), or the same value under
+    # another name, is written as itself
+    for name, v in list(extras.items())[:kept]:
+        keep_extra_text(name, v)
+    keep_extra_text("pool/member", 1)
+    keep_extra_text("pool/why", True)
+    keep_extra_text("sglang/meta", [0])  # mutable: never kept
     resp = Response(text="hi", extras=extras)
     e = BatchEntry(3, "f.edn:1:1", ChatRequest(messages=(Message(role="user", content="hi"),)))
     assert Recorder("edn").ok(e, resp, []) == [_generic_record(e, resp)]
