@@ -48,6 +48,18 @@ def test_independent_requests_spread_by_in_flight_count() -> None:
     assert view.decide(view.snapshot, None).member == A  # type: ignore[arg-type]
 
 
+def test_the_pools_take_counts_what_it_admits_so_the_next_request_goes_where_fewest_are_in_flight() -> None:
+    # `take` is what a pool's send calls: decide and count in one call; a member still holding one of our
+    # requests is passed over for one that finished its own, though both were sent as many
+    view = CapacityView([A, B])
+    view.record(cap(a=UNMEASURED, b=UNMEASURED), started=0.0)
+    assert [view.take(view.snapshot, None).member for _ in range(2)] == [A, B]  # type: ignore[arg-type]
+    assert view.inflight == {A: 1, B: 1} and view.sent == {A: 1, B: 1}
+    view.end(B, 1.0)
+    assert view.take(view.snapshot, None).member == B  # type: ignore[arg-type]
+    assert view.inflight == {A: 1, B: 1} and view.sent == {A: 1, B: 2}
+
+
 def test_one_at_a_time_still_alternates() -> None:
     view = CapacityView([A, B])
     view.record(cap(a=UNMEASURED, b=UNMEASURED), started=0.0)
