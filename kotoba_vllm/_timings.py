@@ -10,11 +10,12 @@ from typing import Any, Sequence
 import attrs
 
 from ._memo import BoundedMemo
-from ._model import UNAVAILABLE, Figure, Timings, Usage
+from ._model import UNAVAILABLE, Figure, Timings, Usage, slot_stores
 
 SERVER, CLIENT = "server-reported", "client-measured"
 
 
+@slot_stores  # built once per answer of an engine that reports timings
 @attrs.frozen
 class ServerTimings:
     """What an engine reported about one request (any field may be missing)."""
