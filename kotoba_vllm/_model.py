@@ -14,6 +14,7 @@ import attrs
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword
+from ._errors import ConfigError
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
@@ -34,20 +35,21 @@ def slot_stores(cls: C) -> C:
     class's `__setattr__` refuses), which looks the name up on the type and checks for a mismatched
     `__setattr__` on every store; the slot's `__set__`, taken once here, is the store that ends up doing,
     at two thirds of the cost. Same parameters, defaults and factories; the class stays frozen. Only plain
-    fields (no validator, converter, keyword-only, `init=False` or hooks): anything else is refused here."""
+    fields (no validator, converter, keyword-only, `init=False` or hooks): anything else is refused here,
+    a ConfigError at import."""
     if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
-        raise TypeError(f"{cls.__name__}: slot_stores takes no attrs init hooks")
+        raise ConfigError(f"{cls.__name__}: slot_stores takes no attrs init hooks")
     names: dict[str, Any] = {"_NOTHING": attrs.NOTHING}
     params, body = [], []
     for f in attrs.fields(cls):
         slot = cls.__dict__.get(f.name)
         if f.validator is not None or f.converter is not None or f.kw_only or not f.init \
                 or not isinstance(slot, types.MemberDescriptorType):
-            raise TypeError(f"{cls.__name__}.{f.name}: slot_stores takes only plain slotted fields")
+            raise ConfigError(f"{cls.__name__}.{f.name}: slot_stores takes only plain slotted fields")
         names[f"_set_{f.name}"] = slot.__set__
         if isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
             if f.default.takes_self:
-                raise TypeError(f"{cls.__name__}.{f.name}: slot_stores takes no self-taking factory")
+                raise ConfigError(f"{cls.__name__}.{f.name}: slot_stores takes no self-taking factory")
             names[f"_make_{f.name}"] = f.default.factory
             params.append(f"{f.alias}=_NOTHING")
             body.append(f"    _set_{f.name}(self, _make_{f.name}() if {f.alias} is _NOTHING else {f.alias})")
@@ -65,7 +67,7 @@ def slot_stores(cls: C) -> C:
     init.__annotations__ = dict(attrs_init.__annotations__)
     init.__qualname__, init.__module__, init.__doc__ = attrs_init.__qualname__, cls.__module__, attrs_init.__doc__
     ATTRS_INITS[cls] = attrs_init
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[misc]  # replacing a method on purpose
     return cls
 
 

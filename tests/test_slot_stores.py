@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kotoba_vllm._errors import ConfigError
 from kotoba_vllm._model import ATTRS_INITS, Figure, Message, Response, StreamDelta, slot_stores
 from kotoba_vllm._timings import ServerTimings
 from kotoba_vllm.dialects._http import HttpRequest
@@ -102,5 +103,5 @@ def test_refuses_a_class_it_cannot_build_the_same_way() -> None:
             pass
 
     for cls in (Checked, Hooked):
-        with pytest.raises(TypeError, match="slot_stores takes"):
+        with pytest.raises(ConfigError, match="slot_stores takes"):
             slot_stores(cls)
