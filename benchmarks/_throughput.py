@@ -7,6 +7,8 @@ distinct connections the server accepted. Contenders rotate between rounds; the 
 rounds is reported. `run --pool` goes to two members with vLLM's probes (which they do not
 answer: both members are unmeasured), counting probe requests and the split; the members are
 two ports of the same server process, so the pool and the plain contenders get the same server.
+The plain `run`, the pool and `run --backend vllm` on one member may get more rounds than the rest
+(the three alone, after the rounds with everybody); their medians are over all of their rounds.
 """
 
 from __future__ import annotations
@@ -66,8 +68,13 @@ def _delta(a: dict[str, Any], b: dict[str, Any], path: str) -> int:
 
 
 def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds_for: int | dict[int, int], step: Any,
-           contenders: tuple[str, ...] = CONTENDERS) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every contender at every concurrency; `rounds_for` is a count of rounds, or one per concurrency."""
+           contenders: tuple[str, ...] = CONTENDERS,
+           group_rounds_for: dict[int, int] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every contender at every concurrency; `rounds_for` is a count of rounds, or one per concurrency.
+
+    `group_rounds_for` gives the plain `run`, the pool and the pool's dialect on one member more rounds of
+    their own (the three alone, back to back) after the rounds with every contender: the pool's targets are
+    ratios to the plain `run` read round by round, and five rounds left one noisy round deciding them."""
     names, notes = available(contenders)
     results: list[dict[str, Any]] = []
     # One server process on core 1 listening on two ports: every contender talks to the first port,
@@ -80,10 +87,15 @@ def matrix(concs: tuple[int, ...], n_for: dict[int, int], rounds_for: int | dict
             n = n_for[conc]
             rounds = rounds_for if isinstance(rounds_for, int) else rounds_for[conc]
             runs: dict[str, list[dict[str, Any]]] = {k: [] for k in dict.fromkeys(names + list(POOL_GROUP[1:]))}
-            for r in range(rounds):
+            group_rounds = max(rounds, (group_rounds_for or {}).get(conc, 0))
+            for r in range(group_rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
+                if r >= rounds:  # the pool group's own rounds
+                    order = [n for n in order if n == POOL_GROUP[0]]
+                    if not order:
+                        break
                 for name in _with_pool(order, r):
-                    step(f"d  conc {conc} round {r + 1}/{rounds}: {name}")
+                    step(f"d  conc {conc} round {r + 1}/{group_rounds}: {name}")
                     sa, sb = srv.stats(0), srv.stats(1)
                     urls = srv.base_urls if name == "kotoba-run-pool" else srv.base_urls[:1]
                     res = child(name, urls, conc, n)

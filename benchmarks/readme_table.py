@@ -91,8 +91,24 @@ def tables(result: dict[str, Any], name: str) -> str:
                     "contender alike, so a ratio of two medians can compare rounds taken at different levels; the "
                     "pool's targets (CPU <= 1.5x, throughput >= 0.9x) are read from the paired figures.", ""]
     out += predecessor_table(result)
+    out += instructions_table(result)
     out += sync_table(result)
     return "\n".join(out)
+
+
+def instructions_table(result: dict[str, Any]) -> list[str]:
+    """Scenario g: thousands of instructions per request, this run and its predecessor file."""
+    found = [r for r in result.get("rows") or [] if r.get("scenario", "").startswith("g. instructions per request")]
+    if not found:
+        return []
+    out = ["**Instructions per request (cachegrind, thousands; no target: a count does not move with the "
+           "machine's speed)**", "", "| mode | this run | predecessor | ratio |", "|---|---|---|---|"]
+    for r in found:
+        values, ratio = r.get("values") or {}, (r.get("ratios") or {}).get("predecessor")
+        out.append(f"| {r['scenario'].split(', ', 1)[-1]} | {_cell(values.get('kotoba'), '.1f')} | "
+                   f"{_cell(values.get('predecessor'), '.1f')} | {_cell(ratio, '.3f')}{'x' if ratio else ''} |")
+    out.append("")
+    return out
 
 
 def predecessor_table(result: dict[str, Any]) -> list[str]:
@@ -101,11 +117,11 @@ def predecessor_table(result: dict[str, Any]) -> list[str]:
     if not found:
         return []
     out = ["**At 1 in flight: CPU over raw httpx's, against the previous result file (target: no worse)**", "",
-           "| contender | this run | predecessor | | paired by round (this run) |", "|---|---|---|---|---|"]
+           "| contender | this run | predecessor | | how read; the other reading |", "|---|---|---|---|---|"]
     for r in found:
         values, met = r.get("values") or {}, next(iter((r.get("targets") or {}).values()), None)
         label = r["scenario"].split(" CPU")[0].removeprefix("d. ")
-        paired = (r.get("note") or "").rsplit("paired by round: ", 1)[-1]
+        paired = (r.get("note") or "").split("; ", 1)[-1]
         out.append(f"| `{label}` | {_cell(values.get('kotoba'), '.3f')}x | {_cell(values.get('predecessor'), '.3f')}x "
                    f"({(r.get('note') or '').split('predecessor is ')[-1].split(';')[0]}) | "
                    f"{'met' if met else '**missed**' if met is False else ''} | {paired} |")

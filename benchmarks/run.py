@@ -47,6 +47,9 @@ class Sizes:
         # 3 let one noisy round in 3 decide a pool/run ratio at 256; at 1 in flight the target compares with the
         # predecessor file, and 5 rounds (each ~7 s) let the machine's two speeds move the ratio to raw httpx 0.49-0.58
         self.conc_rounds = {c: 1 for c in self.concs} if quick else {1: 7, 16: 5, 64: 5, 256: 5}
+        # the pool's ratios to the plain `run` beside it: 5 paired rounds read 0.84x at 256 where the
+        # instruction counts say ~0.91x; 4 more rounds of the three alone (about 2 minutes)
+        self.group_rounds = {c: 1 for c in self.concs} if quick else {1: 7, 16: 9, 64: 9, 256: 9}
         self.open_streams = 32 if quick else 128
         self.memory_total, self.memory_first = (2000, 500) if quick else (10_000, 1000)
         self.edn_sizes: tuple[int, ...] = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
@@ -57,6 +60,7 @@ class Sizes:
             self.latency_n, self.cpu_rounds, self.cpu_block = 3, 1, 2
             self.stream_rounds, self.stream_chunks, self.open_streams = 1, 50, 2
             self.concs, self.conc_n, self.conc_rounds = (1, 4), {1: 5, 4: 12}, {1: 1, 4: 1}
+            self.group_rounds = {1: 1, 4: 2}
             self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
             self.batch_n, self.llama_latency_n = 5, 3
         self.contenders = ("aiohttp", "kotoba", "kotoba-run") if smoke else _throughput.CONTENDERS
@@ -141,7 +145,7 @@ PEER_NAMES = ("aiohttp", "httpx", "httpx2", "openai", "flexllm")
 def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                                      list[str]]:
     """Rows for the table, the raw per-contender results, and notes."""
-    res, notes = _throughput.matrix(s.concs, s.conc_n, s.conc_rounds, step, s.contenders)
+    res, notes = _throughput.matrix(s.concs, s.conc_n, s.conc_rounds, step, s.contenders, s.group_rounds)
     rows = []
     for conc in s.concs:
         at = {r["contender"]: r for r in res if r["concurrency"] == conc}
@@ -200,7 +204,9 @@ def predecessor(out_dir: str, this_name: str) -> str | None:
 
 def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[dict[str, Any]]:
     """At 1 in flight, each kotoba contender's CPU over raw httpx's in this run and in the predecessor file
-    (the target: no worse). Both as ratios of medians, the one figure the older files hold."""
+    (the target: no worse). Read paired by round when both files hold that figure (each round's kotoba and
+    raw httpx run back to back, so the machine's drift within a run cancels); else as ratios of medians,
+    the one figure older files hold. The other reading goes in the note."""
     if pred_path is None:
         return []
     from readme_table import load
@@ -208,18 +214,68 @@ def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[d
     now = {(r["contender"], r["concurrency"]): r for r in res}
     rows = []
     for me, label in (("kotoba", "AsyncClient"), ("kotoba-run", "run")):
-        def ratio(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
+        def medians(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
             a, b = at.get((me, 1), {}).get("cpu_ms_per_req"), at.get(("httpx", 1), {}).get("cpu_ms_per_req")
             return a / b if a and b else None
-        mine, theirs = ratio(now), ratio(pred)
-        if mine is None or theirs is None:
+
+        def paired(at: dict[tuple[str, int], dict[str, Any]]) -> float | None:
+            return at.get((me, 1), {}).get("paired_cpu_ratio_to_httpx")
+        m_now, m_then, p_now, p_then = medians(now), medians(pred), paired(now), paired(pred)
+        if p_now and p_then:
+            mine, theirs = p_now, p_then
+            how = f"paired by round in both; ratios of medians: {_x(m_now)} now, {_x(m_then)} then"
+        elif m_now and m_then:
+            mine, theirs = m_now, m_then
+            how = f"ratios of medians; paired by round: {_x(p_now)} now, {_x(p_then)} then"
+        else:
             continue
-        paired = now[(me, 1)].get("paired_cpu_ratio_to_httpx")
         rows.append(row(f"d. {label} CPU / raw httpx's, conc 1", "canned+20ms", "x httpx",
                         {"kotoba": mine, "predecessor": theirs}, (("predecessor", 1.0),),
-                        f"the predecessor is {os.path.basename(pred_path)}; this run's paired by round: "
-                        + (f"{paired:.3f}x" if paired else "-")))
+                        f"the predecessor is {os.path.basename(pred_path)}; {how}"))
     return rows
+
+
+# (instructions.py mode, concurrency): the modes behind the targets CPU time reads noisily
+INSTRUCTION_MODES: tuple[tuple[str, int], ...] = (("async", 1), ("run", 1))
+
+
+def instruction_counts(step: Callable[[str], None]) -> tuple[dict[str, float], list[str]]:
+    """g. Thousands of instructions per request under cachegrind (`instructions.py`), without the cyclic
+    collector, per mode; a mode that cannot be counted is named in a note, never reported as zero."""
+    import instructions
+    if shutil.which("valgrind") is None:
+        return {}, ["g not measured: valgrind is not installed"]
+    counts: dict[str, float] = {}
+    notes: list[str] = []
+    for mode, conc in INSTRUCTION_MODES:
+        label = f"{mode} at {conc} in flight"
+        step(f"g instructions per request, {label}")
+        try:
+            counts[label] = instructions.measure(mode, conc)["per_request_without_collector"] / 1e3
+        except SystemExit as e:
+            notes.append(f"g {label} not measured: {str(e)[-300:]}")
+    return counts, notes
+
+
+def instruction_rows(counts: Mapping[str, float], pred_path: str | None) -> list[dict[str, Any]]:
+    """Each count beside the predecessor file's for the same mode (when it has one). No target: a count does
+    not move with the machine's speed, so it says what a CPU ratio on the line between met and missed cannot."""
+    pred: dict[str, float] = {}
+    if pred_path is not None:
+        from readme_table import load
+        pred = {r["scenario"]: r["values"]["kotoba"] for r in load(pred_path).get("rows") or []
+                if r.get("scenario", "").startswith("g. ") and (r.get("values") or {}).get("kotoba")}
+    rows = []
+    for label, k in counts.items():
+        scenario = f"g. instructions per request, {label}"
+        rows.append(row(scenario, "canned+20ms", "k instr", {"kotoba": k, "predecessor": pred.get(scenario)}, (),
+                        "cachegrind, the slope between 100 and 300 requests, the cyclic collector's own "
+                        "functions left out" + ("" if scenario in pred else "; the predecessor has no count")))
+    return rows
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.3f}x" if v else "-"
 
 
 def _paired(r: dict[str, Any]) -> str:
@@ -312,6 +368,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                          f"{r['unit'] if first else '':<6} {fmt(r['values'].get('kotoba')) if first else '':>8} "
                          f"{name + ' ' + fmt(r['values'].get(name)):>22} {fmt(ratio) + 'x':>7}  {mark}")
             first = False
+        if first:  # nothing to compare with: the figure alone
+            lines.append(f"{r['scenario']:<40} {r['server']:<12} {r['unit']:<6} {fmt(r['values'].get('kotoba')):>8}")
         if r["note"]:
             lines.append(f"{'':<40}   ({r['note']})")
     return "\n".join(lines)
@@ -357,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small counts (a minute or two); ratios are noisier")
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: tiny counts
     ap.add_argument("--no-llama", action="store_true", help="skip the real llama-server")
-    ap.add_argument("--only", default="abcdef", help="scenario letters to run (default abcdef)")
+    ap.add_argument("--only", default="abcdefg",
+                    help="scenario letters to run (default abcdefg; g needs valgrind)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the EDN results")
     a = ap.parse_args(argv)
     s = Sizes(a.quick, a.smoke)
@@ -391,11 +450,16 @@ def main(argv: list[str] | None = None) -> int:
         lrows, note = llama_rows(s)
         rows += lrows
         notes.append(note)
+    counts: dict[str, float] = {}
+    if "g" in a.only:  # last: deterministic, so the machine's state after the timed scenarios does not matter
+        counts, gnotes = instruction_counts(step)
+        notes += gnotes
     now = dt.datetime.now(dt.timezone.utc)
     date = now.strftime("%Y-%m-%dT%H:%MZ")
     name = now.strftime("%Y-%m-%dT%H%M%SZ") + ("-smoke" if a.smoke else "-quick" if a.quick else "") + ".edn"
     if throughput:
         rows += predecessor_rows(throughput, predecessor(a.out, name))
+    rows += instruction_rows(counts, predecessor(a.out, name))
     mach = machine()
     print(f"kotoba_vllm benchmarks {date}  nproc={mach['nproc']} ram={mach['ram-gb']}GB python={mach['python']} "
           f"httpx={mach['httpx']} openai={mach['openai']} orjson={mach['orjson']} "

@@ -40,7 +40,7 @@ def test_canned_server_answers_chat_and_streams_through_the_client(canned) -> No
 
 
 def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--no-llama", "--out",
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--no-llama", "--only", "abcdef", "--out",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     for scenario in ("a. latency", "b. client CPU per request", "c. client CPU per streamed chunk",
@@ -65,6 +65,10 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     pool = [t for t in throughput if t[kw("bench/contender")] == "kotoba-run-pool"]
     assert pool and all(t[kw("bench/paired-cpu-ratio")] > 0 for t in pool)
     assert "paired by round" in r.stdout
+    # at 4 in flight the pool group gets a round of its own beyond the one every contender has
+    rounds = {t[kw("bench/contender")]: t[kw("bench/rounds")] for t in throughput if t[kw("bench/concurrency")] == 4}
+    assert rounds["kotoba-run-pool"] == rounds["kotoba-run-vllm"] == rounds["kotoba-run"] == 2
+    assert rounds["aiohttp"] == rounds["kotoba"] == 1
 
 
 def test_a_ratio_paired_by_round_cancels_the_machine_changing_speed_between_rounds() -> None:
@@ -97,38 +101,69 @@ def _bench_module(name: str):  # type: ignore[no-untyped-def]
 
 def test_one_in_flight_is_compared_with_the_newest_earlier_full_result_file(tmp_path) -> None:
     """The "no worse than the predecessor" target reads the file written just before this run's, from that
-    file's own figures; quick and smoke runs are never a predecessor."""
+    file's own figures; quick and smoke runs are never a predecessor. Paired by round when both files hold
+    that figure, else as ratios of medians; the other reading is in the note and the README's table."""
     from kotoba_vllm._edn import pretty
     run = _bench_module("run")
     readme_table = _bench_module("readme_table")
 
-    def result(kotoba: float, kotoba_run: float, httpx: float) -> str:
+    def result(kotoba: float, kotoba_run: float, httpx: float, paired: float | None = None) -> str:
         tp = [{"contender": c, "concurrency": 1, "cpu_ms_per_req": v}
               for c, v in (("kotoba", kotoba), ("kotoba-run", kotoba_run), ("httpx", httpx))]
+        if paired is not None:
+            tp[0]["paired_cpu_ratio_to_httpx"] = paired
         return pretty(run.to_edn_result("d", {"nproc": 2}, [], [], tp)) + "\n"
-    (tmp_path / "2026-12-01T002716Z.edn").write_text(result(1.0, 1.4, 2.0))
+    (tmp_path / "2026-12-01T002716Z.edn").write_text(result(1.0, 1.4, 2.0, paired=0.51))
     (tmp_path / "2026-11-30T215059Z.edn").write_text(result(9.0, 9.0, 1.0))  # older
     (tmp_path / "2026-12-01T010000Z-quick.edn").write_text(result(9.0, 9.0, 1.0))  # not a full run
     (tmp_path / "2026-12-02T000000Z.edn").write_text(result(9.0, 9.0, 1.0))  # later than this run
     pred = run.predecessor(str(tmp_path), "2026-12-01T030000Z.edn")
     assert pred is not None and pred.endswith("2026-12-01T002716Z.edn")
     now = [{"contender": "kotoba", "concurrency": 1, "cpu_ms_per_req": 1.1, "paired_cpu_ratio_to_httpx": 0.52},
-           {"contender": "kotoba-run", "concurrency": 1, "cpu_ms_per_req": 1.3},
+           {"contender": "kotoba-run", "concurrency": 1, "cpu_ms_per_req": 1.3, "paired_cpu_ratio_to_httpx": 0.6},
            {"contender": "httpx", "concurrency": 1, "cpu_ms_per_req": 2.0}]
     rows = run.predecessor_rows(now, pred)
     by = {r["scenario"]: r for r in rows}
     a, b = by["d. AsyncClient CPU / raw httpx's, conc 1"], by["d. run CPU / raw httpx's, conc 1"]
-    assert abs(a["values"]["kotoba"] - 0.55) < 1e-9 and a["values"]["predecessor"] == 0.5
-    assert a["targets"] == {"predecessor<=1.0": False}  # 0.55x raw httpx now against 0.50x before: worse
-    assert b["targets"] == {"predecessor<=1.0": True}  # 0.65x against 0.70x
-    assert "0.520x" in a["note"] and "2026-12-01T002716Z.edn" in a["note"]
+    # AsyncClient: both files paired by round, 0.52x now against 0.51x before: worse
+    assert a["values"] == {"kotoba": 0.52, "predecessor": 0.51} and a["targets"] == {"predecessor<=1.0": False}
+    assert "0.550x now, 0.500x then" in a["note"] and "2026-12-01T002716Z.edn" in a["note"]
+    # run: the predecessor has no paired figure, so medians: 0.65x against 0.70x
+    assert abs(b["values"]["kotoba"] - 0.65) < 1e-9 and b["targets"] == {"predecessor<=1.0": True}
+    assert "paired by round: 0.600x now, - then" in b["note"]
     assert run.predecessor_rows(now, None) == []
-    # the README's table says which file, both ratios, and which target was missed
+    # the README's table says which file, both readings, and which target was missed
     this = tmp_path / "this.edn"
     this.write_text(pretty(run.to_edn_result("d", {"nproc": 2}, rows, [], now)) + "\n")
     text = "\n".join(readme_table.predecessor_table(readme_table.load(str(this))))
-    assert "| `AsyncClient` | 0.550x | 0.500x (2026-12-01T002716Z.edn) | **missed** | 0.520x |" in text
-    assert "| `run` | 0.650x | 0.700x (2026-12-01T002716Z.edn) | met |" in text
+    assert ("| `AsyncClient` | 0.520x | 0.510x (2026-12-01T002716Z.edn) | **missed** | paired by round in both; "
+            "ratios of medians: 0.550x now, 0.500x then |") in text
+    assert "| `run` | 0.650x | 0.700x (2026-12-01T002716Z.edn) | met | ratios of medians;" in text
+
+
+def test_instruction_counts_sit_beside_the_predecessor_files_and_a_missing_count_is_never_zero(
+        tmp_path, monkeypatch) -> None:
+    from kotoba_vllm._edn import pretty
+    run = _bench_module("run")
+    old = run.instruction_rows({"run at 1 in flight": 1043.6}, None)
+    assert old[0]["values"] == {"kotoba": 1043.6, "predecessor": None}
+    assert "the predecessor has no count" in old[0]["note"] and old[0]["targets"] == {}
+    pred = tmp_path / "2026-12-01T002716Z.edn"
+    pred.write_text(pretty(run.to_edn_result("d", {"nproc": 2}, old, [], [])) + "\n")
+    [now] = run.instruction_rows({"run at 1 in flight": 990.0}, str(pred))
+    assert now["scenario"] == "g. instructions per request, run at 1 in flight"
+    assert now["values"] == {"kotoba": 990.0, "predecessor": 1043.6}
+    assert abs(now["ratios"]["predecessor"] - 990.0 / 1043.6) < 1e-9 and "no count" not in now["note"]
+    readme_table = _bench_module("readme_table")
+    this = tmp_path / "this.edn"
+    this.write_text(pretty(run.to_edn_result("d", {"nproc": 2}, [now], [], [])) + "\n")
+    text = "\n".join(readme_table.instructions_table(readme_table.load(str(this))))
+    assert "| run at 1 in flight | 990.0 | 1043.6 | 0.949x |" in text
+    # without valgrind nothing is counted and a note says so: no row, no zero
+    monkeypatch.setattr(run.shutil, "which", lambda _: None)
+    counts, notes = run.instruction_counts(lambda _: None)
+    assert counts == {} and notes == ["g not measured: valgrind is not installed"]
+    assert run.instruction_rows(counts, str(pred)) == []
 
 
 def test_instruction_counts_are_summed_per_function_and_the_collector_is_set_apart(tmp_path) -> None:
