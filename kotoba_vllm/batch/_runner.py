@@ -1,4 +1,4 @@
-"""The batch engine: one event loop, a semaphore for concurrency, results in input order.
+"""The batch engine: one event loop, N slots for concurrency, results in input order.
 
 Every input position ends as exactly one record: the response, the typed error
 (`KotobaError.to_edn()`), or the validation problems of a request that was never sent.
@@ -17,7 +17,7 @@ import asyncio
 import functools
 import time
 from collections import Counter, deque
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 import attrs
 
@@ -157,14 +157,23 @@ class BatchRunner:
         self.summary = BatchSummary()
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()  # senders running, deadline not passed
-        self._expiring: dict[asyncio.Task[Any], tuple[BatchEntry, asyncio.Semaphore, asyncio.TimerHandle]] = {}
-        # Deadlines, one [deadline, task, entry, semaphore] per sender in start order (so in deadline order), and
+        self._expiring: dict[asyncio.Task[Any], tuple[BatchEntry, asyncio.TimerHandle]] = {}
+        # Deadlines, one [deadline, task, entry] per sender in start order (so in deadline order), and
         # one timer for the first: a timer per request cost ~5-9 us of heap work each at 64-256 in flight.
         # A settled sender's slot is emptied; empty slots leave from the front, so the queue holds no more
         # than the window of requests started since the oldest one still running.
         self._deadlines: deque[list[Any]] = deque()
         self._sweep: asyncio.TimerHandle | None = None
         self._pending = 0  # requests started and not yet recorded or abandoned
+        self._free = concurrency  # slots for senders
+        # Taking up entries: the input while it is being read; the entry taken but not started (no slot free,
+        # or the window full); `_parked` while `run` itself waits for the window, else a freed slot takes the
+        # next entry in its own callback (no semaphore, no turn of the loop to wake `run` per request).
+        self._entries: Iterator[BatchEntry] | None = None
+        self._held: BatchEntry | None = None
+        self._parked = False
+        self._filling = False
+        self._wake: asyncio.Future[None] | None = None  # `run` waits: the input ended, or the window is full
         self._idle: asyncio.Future[None] | None = None
         self._failures: list[Exception] = []
         self._abandoning = False
@@ -199,39 +208,38 @@ class BatchRunner:
     # its deadline passes first (cancelled, given CANCEL_GRACE_S to unwind, then recorded as a timeout).
     # A second task per request to watch the first cost as much CPU as the rest of the runner.
 
-    def _start(self, e: BatchEntry, sem: asyncio.Semaphore) -> None:
+    def _start(self, e: BatchEntry) -> None:
         self._pending += 1
         try:
             task = asyncio.ensure_future(self.send(e))
         except Exception as exc:  # a sender that fails before it returns an awaitable
-            self._finish(e, InternalError.from_exception(exc), sem)
+            self._finish(e, InternalError.from_exception(exc))
             return
         slot = None
         if self.deadline_s is not None:
             loop = task.get_loop()
             deadline = loop.time() + self.deadline_s
-            slot = [deadline, task, e, sem]
+            slot = [deadline, task, e]
             self._deadlines.append(slot)
             if self._sweep is None:
                 self._sweep = loop.call_at(deadline, self._expire_due, loop)
         self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._settled, e, sem, slot))
+        task.add_done_callback(functools.partial(self._settled, e, slot))
 
     def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """Expire every sender whose deadline has come; wake again at the next one."""
         self._sweep = None
         q, now = self._deadlines, loop.time()
         while q and (q[0][1] is None or q[0][0] <= now):
-            _, task, e, sem = q.popleft()
+            _, task, e = q.popleft()
             if task is not None:
-                self._expire(e, task, sem)
+                self._expire(e, task)
         if q:
             self._sweep = loop.call_at(q[0][0], self._expire_due, loop)
 
-    def _settled(self, e: BatchEntry, sem: asyncio.Semaphore, slot: list[Any] | None,
-                 task: "asyncio.Task[Any]") -> None:
+    def _settled(self, e: BatchEntry, slot: list[Any] | None, task: "asyncio.Task[Any]") -> None:
         if slot is not None:
-            slot[1:] = (None, None, None)
+            slot[1:] = (None, None)
             q = self._deadlines
             while q and q[0][1] is None:
                 q.popleft()
@@ -248,17 +256,17 @@ class BatchRunner:
         if self._abandoning:  # a second stop: not recorded, even if it answered; --resume sends it again
             _retrieve(task)
             self.summary.abandoned += 1
-            self._release(sem)
+            self._release()
             return
-        self._finish(e, _outcome(task), sem)
+        self._finish(e, _outcome(task))
 
-    def _expire(self, e: BatchEntry, task: "asyncio.Task[Any]", sem: asyncio.Semaphore) -> None:
+    def _expire(self, e: BatchEntry, task: "asyncio.Task[Any]") -> None:
         if task.done():  # answered just in time: its settled callback is already queued
             return
         self._tasks.discard(task)
         task.cancel()
         grace = task.get_loop().call_later(CANCEL_GRACE_S, self._expired, task)
-        self._expiring[task] = (e, sem, grace)
+        self._expiring[task] = (e, grace)
 
     def _expired(self, task: "asyncio.Task[Any]") -> None:
         """Record the timeout of a sender cancelled at its deadline: it unwound, or its grace ran out
@@ -266,15 +274,15 @@ class BatchRunner:
         held = self._expiring.pop(task, None)
         if held is None:
             return
-        e, sem, grace = held
+        e, grace = held
         grace.cancel()
         if task.done():
             _retrieve(task)
         endpoint = e.request.base_url if e.request is not None else None
         self._finish(e, RequestTimeout(f"no answer within {self.deadline_s} s (the whole request); cancelled",
-                                       phase="total", limit_s=self.deadline_s, endpoint=endpoint), sem)
+                                       phase="total", limit_s=self.deadline_s, endpoint=endpoint))
 
-    def _finish(self, e: BatchEntry, outcome: Outcome, sem: asyncio.Semaphore) -> None:
+    def _finish(self, e: BatchEntry, outcome: Outcome) -> None:
         try:
             if isinstance(outcome, ValidationError):
                 self.summary.sent -= 1  # refused by validation before any byte went out
@@ -283,11 +291,13 @@ class BatchRunner:
         except Exception as exc:  # the output itself failed: `run` raises it once every request settled
             self._failures.append(exc)
         finally:
-            self._release(sem)
+            self._release()
 
-    def _release(self, sem: asyncio.Semaphore) -> None:
-        sem.release()
+    def _release(self) -> None:
+        self._free += 1
         self._pending -= 1
+        if self._held is not None and not self._parked:
+            self._fill()  # the slot takes the entry waiting for one
         if self._pending == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
@@ -296,11 +306,11 @@ class BatchRunner:
         self._abandoning = True
         for t in list(self._tasks):
             t.cancel()
-        for task, (_, sem, grace) in list(self._expiring.items()):
+        for task, (_, grace) in list(self._expiring.items()):
             del self._expiring[task]
             grace.cancel()
             self.summary.abandoned += 1
-            self._release(sem)
+            self._release()
 
     def _lines(self, e: BatchEntry, outcome: Outcome) -> tuple[list[str], str]:
         """The record's text and its outcome; a record that cannot be rendered is an :internal one."""
@@ -315,49 +325,85 @@ class BatchRunner:
             lines, kind = self.recorder.failed(attrs.evolve(e, request=None), err), err.kind
         return [_writable(line) for line in lines], kind
 
-    async def run(self, entries: Iterable[BatchEntry]) -> BatchSummary:
-        started = time.perf_counter()
-        sem = asyncio.Semaphore(self.concurrency)
+    def _fill(self) -> bool:
+        """Take up entries in input order while a slot is free: record those with nothing to send, start the
+        others. Stops at an entry that waits (for a slot: the slot's release calls this again; for the window:
+        `run` waits for the output, then calls this), or at the input's end or a stop (then `run` is woken).
+        True while there is input left to take up."""
+        if self._filling or self._entries is None:
+            return self._entries is not None
+        self._filling = True
         ex = self.existing
         try:
-            for e in entries:
+            while True:
+                e = self._held
+                if e is None:
+                    e = next(self._entries, None)
+                    if e is None:
+                        self._entries = None
+                        break
+                else:
+                    self._held = None
                 if self._stop.is_set():
                     self.summary.stopped_at = e.index
+                    self._entries = None
                     break
                 if e.index in ex.done:
                     self.summary.already_done += 1
                     continue  # the sink skips it
-                held = ex.journal.pop(e.index, None)
-                if held is not None:
+                journaled = ex.journal.pop(e.index, None)
+                if journaled is not None:
                     self.summary.from_journal += 1
-                    self._record(e.index, held[0], held[1], journaled=True)
+                    self._record(e.index, journaled[0], journaled[1], journaled=True)
                     continue
                 if not e.sendable:
                     self._record(e.index, self.recorder.invalid(e), "validation")
                     continue
-                if e.index - self.sink.next >= self.window:  # the window is full: wait for the output
-                    await self.sink.wait_window(e.index, self.window, self._stop)
-                if not self._stop.is_set():
-                    await sem.acquire()
-                    if self._stop.is_set():
-                        sem.release()
-                if self._stop.is_set():
-                    self.summary.stopped_at = e.index
+                if e.index - self.sink.next >= self.window or not self._free:
+                    self._held = e  # the window is full (`run` waits for the output) or every slot is taken
+                    if not self._free:
+                        return True
                     break
+                self._free -= 1
                 self.summary.sent += 1
-                self._start(e, sem)
-                # No yield here while slots are free: yielding once per entry fed one request per event-loop
-                # turn, so at high concurrency the window drained to ~20 in flight. `sem.acquire()` waits.
+                self._start(e)
+                # No yield while slots are free: yielding once per entry fed one request per event-loop turn,
+                # so at high concurrency the window drained to ~20 in flight.
         except EdnError as err:  # the input stopped reading as a whole (e.g. an unclosed vector)
             self.summary.input_error = str(err)
             self._stop.set()
+            self._entries = None
         except Exception as err:  # the reader itself failed: say so, keep every record already made
             self.summary.input_error = str(InternalError.from_exception(err, during="while reading the input"))
             self._stop.set()
+            self._entries = None
         finally:
+            self._filling = False
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+        return self._entries is not None
+
+    async def run(self, entries: Iterable[BatchEntry]) -> BatchSummary:
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        self._entries = iter(entries)
+        try:
+            while True:
+                self._wake = loop.create_future()
+                if not self._fill():
+                    break
+                if self._held is not None and self._free:  # the window is full: wait for the output
+                    self._parked = True
+                    await self.sink.wait_window(self._held.index, self.window, self._stop)
+                    self._parked = False
+                    continue
+                await self._wake  # freed slots take up the entries until the input ends or the window fills
+        finally:
+            self._entries = None  # nothing more is taken up, whatever ended the run
+            self._wake = None
             try:
                 while self._pending:
-                    self._idle = asyncio.get_running_loop().create_future()
+                    self._idle = loop.create_future()
                     await self._idle
             except asyncio.CancelledError:  # the run itself is cancelled: what is in flight is abandoned
                 self._abandon()
@@ -366,7 +412,7 @@ class BatchRunner:
                 self._sweep.cancel()
                 self._sweep = None
             failures = self._failures
-            self.sink.close(keep_journal=bool(ex.journal))
+            self.sink.close(keep_journal=bool(self.existing.journal))
             self.summary.elapsed_s = time.perf_counter() - started
         if failures:  # the output itself failed (disk full ...): the run cannot claim its records
             raise failures[0]
