@@ -5,6 +5,7 @@ field by field; what attrs refuses, this refuses the same way; instances stay fr
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import attrs
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kotoba_vllm._errors import ConfigError
-from kotoba_vllm._model import ATTRS_INITS, Figure, Message, Response, StreamDelta, slot_stores
+from kotoba_vllm._model import ATTRS_INITS, Figure, Message, Response, StreamDelta, builder, slot_stores, stream_delta
 from kotoba_vllm._timings import ServerTimings
 from kotoba_vllm.dialects._http import HttpRequest
 
@@ -41,6 +42,8 @@ def test_every_public_type_and_the_per_request_ones_take_it() -> None:
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__qualname__)
 def test_same_signature_as_attrs(cls: type) -> None:
     assert inspect.signature(cls.__init__) == inspect.signature(ATTRS_INITS[cls])
+    assert list(inspect.signature(builder(cls)).parameters.values()) == \
+        list(inspect.signature(ATTRS_INITS[cls]).parameters.values())[1:]  # all but `self`
     assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"
 
 
@@ -59,26 +62,39 @@ def test_same_instance_as_attrs_from_any_arguments(data: st.DataObject) -> None:
             args.append(v)
         elif use or required:
             kwargs[f.alias] = v
-    ours, theirs = cls(*args, **kwargs), attrs_built(cls, *args, **kwargs)
-    assert type(ours) is cls
-    assert fields_of(ours) == fields_of(theirs)
-    assert ours == theirs and repr(ours) == repr(theirs)
+    theirs = attrs_built(cls, *args, **kwargs)
+    for ours in (cls(*args, **kwargs), builder(cls)(*args, **kwargs)):
+        assert type(ours) is cls
+        assert fields_of(ours) == fields_of(theirs)
+        assert ours == theirs and repr(ours) == repr(theirs)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__qualname__)
 def test_refuses_what_attrs_refuses(cls: type) -> None:
     n = len(attrs.fields(cls))
     for args, kwargs in (((None,) * (n + 1), {}), ((), {"no_such_field": 1})):
-        with pytest.raises(TypeError) as ours:
-            cls(*args, **kwargs)
         with pytest.raises(TypeError) as theirs:
             attrs_built(cls, *args, **kwargs)
+        with pytest.raises(TypeError) as ours:
+            cls(*args, **kwargs)
         assert str(ours.value).split("() ", 1)[1] == str(theirs.value).split("() ", 1)[1]
+        with pytest.raises(TypeError) as built:
+            builder(cls)(*args, **kwargs)
+        mine, attrs_says = str(built.value).split("() ", 1)[1], str(theirs.value).split("() ", 1)[1]
+        if args:  # the builder has no `self`: one positional argument fewer in its count
+            mine = re.sub(r"\d+", lambda m: str(int(m.group()) + 1), mine)
+        assert mine == attrs_says
 
 
 def test_required_fields_stay_required() -> None:
-    with pytest.raises(TypeError, match="missing 1 required positional argument: 'role'"):
-        Message()  # type: ignore[call-arg]
+    for make in (Message, builder(Message)):
+        with pytest.raises(TypeError, match="missing 1 required positional argument: 'role'"):
+            make()  # type: ignore[call-arg]
+
+
+def test_stream_delta_is_the_builder() -> None:
+    assert stream_delta("He", None, 0) == StreamDelta(delta="He", index=0)
+    assert stream_delta is builder(StreamDelta)
 
 
 def test_instances_stay_frozen_and_factories_fresh() -> None:
