@@ -512,84 +512,84 @@ def read_coll_at(text: str, pos: int, source: str, line: int, column: int) -> tu
 
 
 # The plain map reader: a request line is a map of keywords, strings without escapes, integers, decimal
-# floats, nil/true/false, vectors and maps, on one line. `findall` tokenizes such a line in one call; any
-# other token (an escape, a tag, a symbol, a comment, a keyword not yet checked ...) hands the line back to
-# the general reader, which reads it as before (`tests/test_plain_map_reader.py` holds the two to the same
-# values, end offsets and located keys).
-_END = f"(?=[{_STOP}]|$)"
-_PLAIN = re.compile(
-    rf"""[{WHITESPACE}]+$
-  | [{WHITESPACE}]*(?:
-      (:[^{_STOP}]*)
-    | ("[^"\\]*")
-    | ([\[\]{{}}])
-    | (-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?){_END}
-    | (nil|true|false){_END}
-    | (.))
-    """,
-    re.VERBOSE,
-)
+# floats, nil/true/false, vectors and maps, on one line. Splitting the line at its quotes gives the strings
+# (the odd pieces) and the code between them; ASCII code splits at blanks and brackets into tokens. Any other
+# token (an escape, a tag, a symbol, a comment, a keyword not yet checked, non-ASCII code ...) hands
+# the line back to the general reader, which reads it as before (`tests/test_plain_map_reader.py` holds the
+# two to the same values, end offsets and located keys).
+_PLAIN_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
 _LITERALS: dict[str, Any] = {"nil": None, "true": True, "false": False}
+_NOT_LITERAL = object()
 
 
 def read_plain_map(text: str, pos: int, end: int) -> tuple[dict[Any, Any], int] | None:
     """The map opening at `text[pos]` and the offset just past it, when `text[pos:end]` is that map alone
     (then blanks) and made only of plain tokens; else None (read it with the general reader)."""
-    known = _KW_READ
+    if text.find("\\", pos, end) != -1:
+        return None  # an escape, or a character literal
+    pieces = text[pos:end].split('"')
+    if not len(pieces) % 2:
+        return None  # a string the line does not close
+    known, literals = _KW_READ, _LITERALS
     stack: list[list[Any]] = []
     items: list[Any] = []
     value: Any = None
     v: Any
-    done = False
-    for keyword, string, bracket, number, literal, other in _PLAIN.findall(text, pos, end):
-        if done:
-            if keyword or string or bracket or number or literal or other:
+    done = in_string = False
+    for piece in pieces:
+        if in_string:
+            if done:
                 return None  # more than one form on the line
+            items.append(piece)
+            in_string = False
             continue
-        if keyword:
-            v = known.get(keyword)
-            if v is None:
-                return None  # not checked yet: the general reader checks it (and remembers it)
-        elif string:
-            v = string[1:-1]
-        elif bracket:
-            if bracket == "{" or bracket == "[":
+        in_string = True
+        if not piece.isascii():
+            return None  # blanks and token ends beyond ASCII: the general reader knows them
+        code = piece.replace("{", " { ").replace("}", " } ").replace("[", " [ ").replace("]", " ] ")
+        for tok in code.replace(",", " ").split():  # ASCII blanks are the same for `split` and EDN, but the comma
+            if done:
+                return None
+            if tok[0] == ":":
+                v = known.get(tok)
+                if v is None:
+                    return None  # not checked yet: the general reader checks it (and remembers it)
+            elif tok == "{" or tok == "[":
                 if len(stack) >= MAX_DEPTH:
                     return None
                 stack.append(items)
-                items = [bracket]
+                items = [tok]
                 continue
-            opener = items[0]
-            if (opener == "{") != (bracket == "}"):
-                return None
-            if opener == "[":
-                v = items[1:]
+            elif tok == "}" or tok == "]":
+                opener = items[0]
+                if (opener == "{") != (tok == "}"):
+                    return None
+                if opener == "[":
+                    v = items[1:]
+                else:
+                    if len(items) % 2 == 0:  # the opener and an odd number of forms
+                        return None
+                    v = {}
+                    try:
+                        for i in range(1, len(items), 2):
+                            v[items[i]] = items[i + 1]
+                    except TypeError:  # an unhashable key
+                        return None
+                    if 2 * len(v) != len(items) - 1:  # a duplicate key
+                        return None
+                if not stack:
+                    return None  # a closer with no opener (cannot happen: the line starts with "{")
+                items = stack.pop()
+                if not stack:
+                    value, done = v, True
+                    continue
             else:
-                if len(items) % 2 == 0:  # the opener and an odd number of forms
-                    return None
-                v = {}
-                try:
-                    for i in range(1, len(items), 2):
-                        v[items[i]] = items[i + 1]
-                except TypeError:  # an unhashable key
-                    return None
-                if 2 * len(v) != len(items) - 1:  # a duplicate key
-                    return None
-            if not stack:
-                return None  # a closer with no opener (cannot happen: the line starts with "{")
-            items = stack.pop()
-            if not stack:
-                value, done = v, True
-                continue
-        elif number:
-            v = float(number) if "." in number else int(number)
-        elif literal:
-            v = _LITERALS[literal]
-        elif other:
-            return None
-        else:
-            continue  # trailing blanks
-        items.append(v)
+                v = literals.get(tok, _NOT_LITERAL)
+                if v is _NOT_LITERAL:
+                    if _PLAIN_NUMBER.fullmatch(tok) is None:
+                        return None
+                    v = float(tok) if "." in tok else int(tok)
+            items.append(v)
     if not done:
         return None
     return value, text.rindex("}", pos, end) + 1
