@@ -236,7 +236,7 @@ def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[d
 
 
 # (instructions.py mode, concurrency): the modes behind the targets CPU time reads noisily
-INSTRUCTION_MODES: tuple[tuple[str, int], ...] = (("async", 1), ("run", 1))
+INSTRUCTION_MODES: tuple[tuple[str, int], ...] = (("async", 1), ("run", 1), ("run", 256), ("pool", 256))
 
 
 def instruction_counts(step: Callable[[str], None]) -> tuple[dict[str, float], list[str]]:
@@ -269,8 +269,8 @@ def instruction_rows(counts: Mapping[str, float], pred_path: str | None) -> list
     for label, k in counts.items():
         scenario = f"g. instructions per request, {label}"
         rows.append(row(scenario, "canned+20ms", "k instr", {"kotoba": k, "predecessor": pred.get(scenario)}, (),
-                        "cachegrind, the slope between 100 and 300 requests, the cyclic collector's own "
-                        "functions left out" + ("" if scenario in pred else "; the predecessor has no count")))
+                        "cachegrind, the slope between two batch sizes (instructions.py), the cyclic "
+                        "collector's own functions left out" + ("" if scenario in pred else "; the predecessor has no count")))
     return rows
 
 
