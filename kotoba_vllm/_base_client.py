@@ -19,7 +19,7 @@ from ._edn import Edn, EdnMap, Keyword, kw
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
                       TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
-                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest, builder)
+                     GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest)
 from ._openai_messages import MESSAGE_FIELDS, message_to_edn
 from ._origins import TrustedOrigins, origin_of, show
 from ._problems import Problem
@@ -123,8 +123,6 @@ def _message_problem(i: int, msg: str, field: str | None = None) -> ValidationEr
 
 
 _ROLES = frozenset(ROLES)
-# built per call: without `type.__call__`'s keyword dict (see `builder`)
-_MESSAGE, _CHAT_REQUEST = builder(Message), builder(ChatRequest)
 
 
 def _plain_messages(messages: list[Any] | tuple[Any, ...]) -> tuple[Message, ...] | None:
@@ -137,7 +135,7 @@ def _plain_messages(messages: list[Any] | tuple[Any, ...]) -> tuple[Message, ...
         role, content = m.get("role"), m.get("content")
         if type(role) is not str or role not in _ROLES or type(content) is not str:
             return None
-        out.append(_MESSAGE(role=role, content=content))
+        out.append(Message(role=role, content=content))
     return tuple(out)
 
 
@@ -439,7 +437,7 @@ def streaming(request: RequestInput) -> TextRequest:
 
 def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
                  extras: Mapping[str, Edn] | None) -> ChatRequest:
-    return _CHAT_REQUEST(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
+    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
                        stream=stream or None, tools=tools, extras=dict(extras or {}))
 
 

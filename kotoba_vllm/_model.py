@@ -6,15 +6,13 @@ Every class is registered on `edn_converter`: `to_edn(x)` / `from_edn(m, Cls)`.
 
 from __future__ import annotations
 
-import types
-from typing import Any, Callable, ParamSpec, TypeVar, Union
+from typing import Any, TypeVar, Union
 
 import attrs
 
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword
-from ._errors import ConfigError
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
@@ -23,73 +21,8 @@ PROVENANCES = ("server-reported", "client-measured", "unavailable")
 ENGINE_NAMESPACES = ("llamacpp", "sglang")
 REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
-C = TypeVar("C", bound=type)
-P = ParamSpec("P")
-T = TypeVar("T")
-# attrs' own `__init__` of each class given to `slot_stores`, kept for the test that holds the two equal.
-ATTRS_INITS: dict[type, Any] = {}
-BUILDERS: dict[type, Any] = {}  # see `builder`
-
-
-def builder(cls: Callable[P, T]) -> Callable[P, T]:
-    """`cls` itself for a class given to `slot_stores`, at the cost of a function call: the same parameters
-    and stores, without `type.__call__`, which gathers keyword arguments into a dict and passes them on.
-    For the per-request hot paths (a `Response` of 13 fields costs half as much)."""
-    return BUILDERS[cls]  # type: ignore[index,no-any-return]  # keyed by the class; typed by it
-
-
-def slot_stores(cls: C) -> C:
-    """Give a frozen slotted attrs class an `__init__` that stores each field through its slot's own setter.
-
-    attrs' frozen `__init__` stores each field with `object.__setattr__(self, name, value)` (the frozen
-    class's `__setattr__` refuses), which looks the name up on the type and checks for a mismatched
-    `__setattr__` on every store; the slot's `__set__`, taken once here, is the store that ends up doing,
-    at two thirds of the cost. Same parameters, defaults and factories; the class stays frozen. Only plain
-    fields (no validator, converter, keyword-only, `init=False` or hooks): anything else is refused here,
-    a ConfigError at import."""
-    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
-        raise ConfigError(f"{cls.__name__}: slot_stores takes no attrs init hooks")
-    names: dict[str, Any] = {"_NOTHING": attrs.NOTHING}
-    params, body = [], []
-    for f in attrs.fields(cls):
-        slot = cls.__dict__.get(f.name)
-        if f.validator is not None or f.converter is not None or f.kw_only or not f.init \
-                or not isinstance(slot, types.MemberDescriptorType):
-            raise ConfigError(f"{cls.__name__}.{f.name}: slot_stores takes only plain slotted fields")
-        names[f"_set_{f.name}"] = slot.__set__
-        if isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
-            if f.default.takes_self:
-                raise ConfigError(f"{cls.__name__}.{f.name}: slot_stores takes no self-taking factory")
-            names[f"_make_{f.name}"] = f.default.factory
-            params.append(f"{f.alias}=_NOTHING")
-            body.append(f"    _set_{f.name}(self, _make_{f.name}() if {f.alias} is _NOTHING else {f.alias})")
-            continue
-        if f.default is attrs.NOTHING:
-            params.append(f.alias)
-        else:
-            names[f"_default_{f.name}"] = f.default
-            params.append(f"{f.alias}=_default_{f.name}")
-        body.append(f"    _set_{f.name}(self, {f.alias})")
-    stores = "\n".join(body) or "    pass"
-    names["_cls"], names["_new"] = cls, object.__new__
-    source = (f"def __init__(self, {', '.join(params)}):\n{stores}\n\n"
-              f"def build({', '.join(params)}):\n    self = _new(_cls)\n{stores}\n    return self\n")
-    exec(compile(source, f"<slot-store __init__ of {cls.__qualname__}>", "exec"), names)
-    init = names["__init__"]
-    BUILDERS[cls] = names["build"]
-    attrs_init = cls.__init__  # type: ignore[misc]  # read off the class on purpose
-    init.__annotations__ = dict(attrs_init.__annotations__)
-    init.__qualname__, init.__module__, init.__doc__ = attrs_init.__qualname__, cls.__module__, attrs_init.__doc__
-    build = BUILDERS[cls]
-    build.__annotations__ = {**attrs_init.__annotations__, "return": cls}
-    build.__qualname__, build.__module__ = f"builder({cls.__qualname__})", cls.__module__
-    ATTRS_INITS[cls] = attrs_init
-    cls.__init__ = init  # type: ignore[misc]  # replacing a method on purpose
-    return cls
-
 
 @register
-@slot_stores
 @attrs.frozen
 class ToolCall:
     name: str = edn_field("vllm/name", STR, default=REQUIRED)
@@ -100,7 +33,6 @@ class ToolCall:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class ContentPart:
     """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}` or `{:vllm/type :image-url :vllm/url ".."}`."""
@@ -112,7 +44,6 @@ class ContentPart:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class Message:
     role: str = edn_field("vllm/role", KW(*ROLES), default=REQUIRED)
@@ -125,7 +56,6 @@ class Message:
 
 @share_structured
 @register
-@slot_stores
 @attrs.frozen
 class Sampling:
     """Sampling knobs; the table in `_sampling.py` gives wire names and bounds."""
@@ -151,7 +81,6 @@ class Sampling:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class ChatRequest:
     messages: tuple[Message, ...] = edn_field("vllm/messages", MANY(NESTED(Message)), default=REQUIRED)
@@ -167,7 +96,6 @@ class ChatRequest:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class CompletionRequest:
     """OpenAI-style text completion (`/v1/completions`)."""
@@ -183,7 +111,6 @@ class CompletionRequest:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class GenerateRequest:
     """The engine's native generation route: llama.cpp `/completion`, SGLang `/generate`."""
@@ -199,7 +126,6 @@ class GenerateRequest:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class EmbeddingRequest:
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
@@ -213,7 +139,6 @@ class EmbeddingRequest:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class TokenizeRequest:
     text: str = edn_field("vllm/text", STR, default=REQUIRED)
@@ -228,7 +153,6 @@ class TokenizeRequest:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class DetokenizeRequest:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
@@ -254,7 +178,6 @@ REQUEST_CLASSES: dict[str, type[Request]] = {c.endpoint: c for c in REQUEST_TYPE
 
 
 @register
-@slot_stores
 @attrs.frozen
 class Usage:
     prompt_tokens: int | None = edn_field("vllm/prompt-tokens", INT)
@@ -265,7 +188,6 @@ class Usage:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class Figure:
     """One measured figure and where it came from. Unmeasured: every number nil, provenance :unavailable."""
@@ -281,7 +203,6 @@ UNAVAILABLE = Figure()
 
 
 @register
-@slot_stores
 @attrs.frozen
 class Timings:
     """DESIGN §5: prefill and decode apart, cached prompt tokens, client-side TTFT, gaps and end-to-end."""
@@ -296,7 +217,6 @@ class Timings:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class Choice:
     index: int = edn_field("vllm/index", INT, default=0)
@@ -312,7 +232,6 @@ RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", 
 
 
 @register
-@slot_stores
 @attrs.frozen
 class Response:
     """A normalized completion/chat/generate answer, plus which server answered and timings."""
@@ -344,7 +263,6 @@ class Response:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class StreamDelta:
     """`{:vllm/delta "He" :vllm/finish-reason nil}`: one increment of streamed text.
@@ -361,12 +279,27 @@ class StreamDelta:
     logprobs: Edn = edn_field("vllm/logprobs", JSON)  # this chunk's logprobs, in the server's shape
 
 
-# A stream makes one StreamDelta per chunk: `StreamDelta(...)` (equal, same class) at the cost of a function call.
-stream_delta = builder(StreamDelta)
+# A stream makes one StreamDelta per chunk: attrs' frozen __init__ sets each slot through a guarded
+# `object.__setattr__` (half the cost of an assembled chunk); the slots' own setters do the same work.
+_NEW_DELTA = object.__new__
+_SET_DELTA, _SET_FINISH, _SET_INDEX, _SET_REASONING, _SET_TOOLS, _SET_LOGPROBS = (  # a new field fails here
+    StreamDelta.__dict__[f.name].__set__ for f in attrs.fields(StreamDelta))
+
+
+def stream_delta(delta: str, finish_reason: str | None, index: int | None, reasoning: str | None = None,
+                 tool_calls: Edn = None, logprobs: Edn = None) -> StreamDelta:
+    """`StreamDelta(...)` (equal, same class), built at the cost of a plain object: the assemblers' hot path."""
+    d = _NEW_DELTA(StreamDelta)
+    _SET_DELTA(d, delta)
+    _SET_FINISH(d, finish_reason)
+    _SET_INDEX(d, index)
+    _SET_REASONING(d, reasoning)
+    _SET_TOOLS(d, tool_calls)
+    _SET_LOGPROBS(d, logprobs)
+    return d
 
 
 @register
-@slot_stores
 @attrs.frozen
 class EmbeddingResponse:
     embeddings: tuple[tuple[float, ...], ...] = edn_field("vllm/embeddings", MANY(MANY(NUM)), default=REQUIRED)
@@ -378,7 +311,6 @@ class EmbeddingResponse:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class TokenizeResponse:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
@@ -388,7 +320,6 @@ class TokenizeResponse:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class DetokenizeResponse:
     text: str = edn_field("vllm/text", STR, default=REQUIRED)
@@ -398,7 +329,6 @@ class DetokenizeResponse:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class ModelInfo:
     id: str = edn_field("vllm/id", STR, default=REQUIRED)
@@ -407,7 +337,6 @@ class ModelInfo:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class ModelsResponse:
     models: tuple[ModelInfo, ...] = edn_field("vllm/models", MANY(NESTED(ModelInfo)), default=())
@@ -416,7 +345,6 @@ class ModelsResponse:
 
 
 @register
-@slot_stores
 @attrs.frozen
 class Health:
     ok: bool = edn_field("vllm/ok", BOOL, default=REQUIRED)
@@ -429,6 +357,7 @@ class Health:
 AnyResponse = Union[Response, EmbeddingResponse, TokenizeResponse, DetokenizeResponse]
 
 
+T = TypeVar("T")
 
 
 def to_edn(obj: attrs.AttrsInstance) -> dict[Keyword, Edn]:

@@ -10,12 +10,11 @@ from typing import Any, Sequence
 import attrs
 
 from ._memo import BoundedMemo
-from ._model import UNAVAILABLE, Figure, Timings, Usage, builder, slot_stores
+from ._model import UNAVAILABLE, Figure, Timings, Usage
 
 SERVER, CLIENT = "server-reported", "client-measured"
 
 
-@slot_stores  # built once per answer of an engine that reports timings
 @attrs.frozen
 class ServerTimings:
     """What an engine reported about one request (any field may be missing)."""
@@ -75,7 +74,7 @@ def _fig(provenance: str, tokens: int | None = None, ms: float | None = None,
          rate: float | None = None, gaps: tuple[float, ...] | None = None) -> Figure:
     if tokens is None and ms is None and rate is None and gaps is None:
         return UNAVAILABLE
-    return _FIGURE(provenance=provenance, tokens=tokens, ms=None if ms is None else round(ms, 3),
+    return Figure(provenance=provenance, tokens=tokens, ms=None if ms is None else round(ms, 3),
                   tokens_per_s=rate, gaps_ms=gaps)
 
 
@@ -140,8 +139,6 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
 
 
 _NO_SERVER = ServerTimings()
-# built per answer: without `type.__call__`'s keyword dict (see `builder`)
-_FIGURE, _TIMINGS = builder(Figure), builder(Timings)
 # Token-count-only figures repeat (the same few counts across a batch) and are frozen: one instance each.
 _COUNTS: BoundedMemo[int, Figure] = BoundedMemo(4096)
 
@@ -207,7 +204,7 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
     if s.e2e_ms is not None:
         e2e = _fig(SERVER, ms=s.e2e_ms)
     queue = _fig(SERVER, ms=s.queue_ms) if s.queue_ms is not None else UNAVAILABLE
-    return _TIMINGS(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e,
+    return Timings(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e,
                    queue=queue)
 
 
@@ -224,8 +221,8 @@ def _whole_answer_timings(usage: Usage | None, wall_s: float) -> Timings:
             decode = _count(usage.completion_tokens)
         if usage.cached_tokens is not None:
             cached = _count(usage.cached_tokens)
-    return _TIMINGS(prefill=prefill, decode=decode, cached=cached,
-                    end_to_end=_FIGURE(provenance=CLIENT, ms=round(wall_s * 1000.0, 3)))
+    return Timings(prefill=prefill, decode=decode, cached=cached,
+                   end_to_end=Figure(provenance=CLIENT, ms=round(wall_s * 1000.0, 3)))
 
 
 def misleading_rate(completion_tokens: int | None, wall_ms: float | None) -> float | None:

@@ -12,11 +12,9 @@ import attrs
 
 from .._codec import plain_key, json_to_edn
 from .._edn import Keyword, kw
-from .._model import slot_stores
 from .._errors import AdmissionRejected, BadRequest, NotReady, ServerError, ServerFailure
 
 
-@slot_stores  # built once per request
 @attrs.frozen
 class HttpRequest:
     """What goes on the wire: method, path, JSON body (None for GET), and whether it streams."""

@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
 from .._memo import BoundedMemo
-from .._model import (builder, AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                       EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
                       Sampling, StreamDelta, TokenizeRequest, TokenizeResponse, ToolCall, Usage, stream_delta)
 from .._problems import Problem
@@ -221,7 +221,7 @@ class Dialect:
         choices = tuple(self.parse_choice(c) for c in obj["choices"])
         usage = self.parse_usage(obj.get("usage"))
         server = self.server_timings(obj)
-        return _RESPONSE(text=choices[0].text if choices else None, choices=choices, id=obj.get("id"),
+        return Response(text=choices[0].text if choices else None, choices=choices, id=obj.get("id"),
                         model=obj.get("model"), usage=usage, backend=self.name, endpoint=ep,
                         endpoint_url=endpoint_url, timings=build_timings(server, usage, clock),
                         request_id=req.request_id, created=int_or_none(obj.get("created")),
@@ -238,7 +238,7 @@ class Dialect:
         else:
             text, reasoning, tool_calls = c.get("text"), None, None
         lp = c.get("logprobs")
-        return _CHOICE(index=int_or_none(c.get("index")) or 0, text=text if isinstance(text, str) else None,
+        return Choice(index=int_or_none(c.get("index")) or 0, text=text if isinstance(text, str) else None,
                       finish_reason=reason_text(c.get("finish_reason")), tool_calls=tool_calls,
                       reasoning=reasoning if isinstance(reasoning, str) else None,
                       logprobs=json_to_edn(lp) if lp is not None else None)
@@ -261,7 +261,7 @@ class Dialect:
             return None
         details = u.get("prompt_tokens_details") or _NONE
         cdetails = u.get("completion_tokens_details") or _NONE
-        return _USAGE(prompt_tokens=int_or_none(u.get("prompt_tokens")),
+        return Usage(prompt_tokens=int_or_none(u.get("prompt_tokens")),
                      completion_tokens=int_or_none(u.get("completion_tokens")),
                      total_tokens=int_or_none(u.get("total_tokens")),
                      cached_tokens=int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None,
@@ -512,8 +512,6 @@ def json_chunk(data: str) -> Any:
 
 
 _NONE: dict[str, Any] = {}  # read only: an absent details map
-# one of each per answer: built without `type.__call__`'s keyword dict (see `builder`)
-_RESPONSE, _CHOICE, _USAGE = builder(Response), builder(Choice), builder(Usage)
 _SAMPLING_BODIES: BoundedMemo[tuple[Dialect, int, str], tuple[Sampling, dict[str, Any]]] = BoundedMemo(1024)
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _SUPPORTED: BoundedMemo[tuple[Dialect, int, str], Sampling] = BoundedMemo(1024)  # Samplings an engine fully honours
