@@ -30,9 +30,14 @@ def message_prefix_keys(messages: Sequence[Any]) -> list[Key]:
     h = 0
     out: list[Key] = []
     for m in messages:
-        h = hash((h, _fingerprint(m)))
+        h = _chain(h, m)
         out.append(("m", h))
     return out
+
+
+def _chain(h: int, message: Any) -> int:
+    """The prefix hash `h` extended by one message."""
+    return hash((h, _fingerprint(message)))
 
 
 def prompt_prefix_keys(prompt: str | Sequence[int]) -> list[Key]:
@@ -92,19 +97,12 @@ class Affinity:
 
     def remember(self, request: Any, member: str, conversation: str | None = None) -> None:
         messages = getattr(request, "messages", None)
-        if not conversation and messages and len(messages) == 1:  # a first turn (the common batch request):
-            key = ("m", hash((0, _fingerprint(messages[0]))))  # `message_prefix_keys`' one key, no list
-            table = self._table
-            with self._lock:
-                if key in table:
-                    table.move_to_end(key)
-                table[key] = member
-                while len(table) > self._max:
-                    table.popitem(last=False)
-            return
-        keys = request_keys(request)
-        if conversation:
-            keys.insert(0, ("c", conversation))
+        if not conversation and messages and len(messages) == 1:  # a first turn (the common batch request)
+            keys: list[Key] = [("m", _chain(0, messages[0]))]  # `message_prefix_keys`' one key, no prefix walk
+        else:
+            keys = request_keys(request)
+            if conversation:
+                keys.insert(0, ("c", conversation))
         table = self._table
         with self._lock:
             for k in keys:
