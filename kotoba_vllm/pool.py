@@ -569,15 +569,12 @@ class AsyncPool(_PoolCore):
 
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
                    conversation: str | None = None) -> AnyResponse:
-        # `_admit` inline: the view's round is read without a round trip through the event loop, and a
-        # fresh one without a call
+        # `_admit` inline: the view's round is read without a round trip through the event loop
         req = self._for_pool(to_request(request))
         view = self.view
-        cap = view.snapshot
-        if cap is None or not 0 < time.monotonic() - view.started <= view.interval_s:
-            cap = self._readable(time.monotonic())
-            if cap is None:
-                cap = await self._current()
+        cap = self._readable(time.monotonic())
+        if cap is None:
+            cap = await self._current()
         adm = self._decide(cap, req, conversation)
         member = adm.member or ""
         client = self.clients[member]
@@ -590,7 +587,7 @@ class AsyncPool(_PoolCore):
         finally:
             view.end(member, time.monotonic())
         self.affinity.remember(req, member, conversation)
-        return self._annotate_text(resp, adm, cap) if isinstance(resp, Response) else resp
+        return self._annotate(resp, adm, cap)
 
     async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                      conversation: str | None = None) -> AsyncPoolStream:

@@ -114,11 +114,8 @@ class CapacityView:
     def take(self, cap: PoolCapacity, affinity: str | None) -> Admission:
         """`decide`, and when a member is chosen, `begin` on it (one call per request)."""
         adm = self.decide(cap, affinity)
-        member = adm.member
-        if member is not None:
-            inflight, sent = self.inflight, self.sent
-            inflight[member] = inflight.get(member, 0) + 1
-            sent[member] = sent.get(member, 0) + 1
+        if adm.member is not None:
+            self.begin(adm.member)
         return adm
 
     def _admission(self, member: str, load: int) -> Admission:
