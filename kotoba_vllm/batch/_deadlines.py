@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
 
-class Deadline(Generic[T]):
-    """One request's deadline: `item` is None once cancelled."""
-
-    __slots__ = ("due", "item")
-
-    def __init__(self, due: float, item: T | None) -> None:
-        self.due, self.item = due, item
+# One request's deadline: [due, item]; the item is None once cancelled. (A list, not a class: made once per
+# request, and a Python __init__ would cost more than the rest of `add`.)
+Deadline = list
 
 
 class DeadlineQueue(Generic[T]):
@@ -32,20 +28,20 @@ class DeadlineQueue(Generic[T]):
     def __init__(self, timeout_s: float, expire: Callable[[T], None]) -> None:
         self.timeout_s = timeout_s
         self._expire = expire
-        self._queue: deque[Deadline[T]] = deque()
+        self._queue: deque[Deadline[Any]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, item: T, loop: asyncio.AbstractEventLoop) -> Deadline[T]:
-        d = Deadline(loop.time() + self.timeout_s, item)
+    def add(self, item: T, loop: asyncio.AbstractEventLoop) -> Deadline[Any]:
+        d: Deadline[Any] = [loop.time() + self.timeout_s, item]
         self._queue.append(d)
         if self._timer is None:
-            self._timer = loop.call_at(d.due, self._due, loop)
+            self._timer = loop.call_at(d[0], self._due, loop)
         return d
 
-    def cancel(self, d: Deadline[T]) -> None:
-        d.item = None
+    def cancel(self, d: Deadline[Any]) -> None:
+        d[1] = None
         q = self._queue
-        while q and q[0].item is None:
+        while q and q[0][1] is None:
             q.popleft()
         # The timer stays armed when the queue empties: it fires no later than any deadline set since and
         # re-arms for the first one still live (at 1 in flight, no timer is armed and cancelled per request).
@@ -53,12 +49,12 @@ class DeadlineQueue(Generic[T]):
     def _due(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         q, now = self._queue, loop.time()
-        while q and (q[0].item is None or q[0].due <= now):
-            item = q.popleft().item
+        while q and (q[0][1] is None or q[0][0] <= now):
+            item = q.popleft()[1]
             if item is not None:
                 self._expire(item)
         if q:
-            self._timer = loop.call_at(q[0].due, self._due, loop)
+            self._timer = loop.call_at(q[0][0], self._due, loop)
 
     def close(self) -> None:
         if self._timer is not None:

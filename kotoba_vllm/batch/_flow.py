@@ -155,6 +155,7 @@ class FlowControl:
                  capacity: MeasuredCapacity | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.ceiling, self.member_of, self.capacity, self.clock = ceiling, member_of, capacity, clock
         self.members: dict[str, MemberFlow] = {}
+        self._view_refused = False  # the last refusal was the measured view's (it changes with the next round)
 
     def member(self, name: str) -> MemberFlow:
         m = self.members.get(name)
@@ -169,8 +170,10 @@ class FlowControl:
         cap = self.capacity
         if cap is not None:
             if cap.admits(m.name) is False:
+                self._view_refused = True
                 return None
             cap.begin(m.name)
+        self._view_refused = False
         return (m, m.start())
 
     def settled(self, ticket: Any, outcome: Any) -> Any:
@@ -199,7 +202,7 @@ class FlowControl:
     def wake_in(self) -> float | None:
         now = self.clock()
         ends = [m.paused_until - now for m in self.members.values() if m.paused_until > now]
-        if self.capacity is not None:  # the view changes with the next probe round, not only when we settle
+        if self._view_refused:  # the view changes with the next probe round, not only when we settle
             ends.append(CAPACITY_RECHECK_S)
         return min(ends) if ends else None
 

@@ -210,6 +210,7 @@ class BatchRunner:
             DeadlineQueue(deadline_s, self._expire) if deadline_s is not None else None)
         self._wake: asyncio.Future[None] | None = None  # `run` waits on it; anything that may unblock it sets it
         self._failures: list[Exception] = []
+        self._loop: asyncio.AbstractEventLoop | Any = None  # `run`'s
 
     def stop(self) -> None:
         """First call: send nothing new, let in-flight requests finish. Second: abandon them."""
@@ -224,9 +225,6 @@ class BatchRunner:
         """`stop()` was called: nothing new is sent."""
         return self._stops > 0
 
-    def _stopped(self) -> bool:  # a call, not an attribute: a stop comes in while `run` awaits
-        return self._stops > 0
-
     @property
     def in_flight(self) -> int:
         return len(self._running) + len(self._expiring)
@@ -235,6 +233,7 @@ class BatchRunner:
 
     async def run(self, entries: Iterable[BatchEntry]) -> BatchSummary:
         started = time.perf_counter()
+        self._loop = asyncio.get_running_loop()
         self._taking_up = True
         try:
             await self._take_up(iter(entries))
@@ -274,12 +273,12 @@ class BatchRunner:
                 return
             if e is None:
                 while self._again or (self.requeue and self.in_flight):  # answers may still come back rejected
-                    if not self._resend():
+                    if not (self._again and self._resend()):
                         await self._wait(limiter.wake_in())
-                    if self._stopped():
+                    if self._stops > 0:
                         return
                 return
-            if self._stopped():
+            if self._stops > 0:
                 self.summary.stopped_at = e.index
                 return
             if e.index in ex.done:
@@ -296,14 +295,14 @@ class BatchRunner:
             while e.index - sink.next >= self.window:  # bound memory: wait for the output to catch up
                 await self._wait(limiter.wake_in() if self._again else None)
                 self._resend()
-                if self._stopped():
+                if self._stops > 0:
                     self.summary.stopped_at = e.index
                     return
             ticket = limiter.admit(e) if not self._again else None
             while ticket is None:
-                if not self._resend():
+                if not (self._again and self._resend()):
                     await self._wait(limiter.wake_in())
-                if self._stopped():
+                if self._stops > 0:
                     self.summary.stopped_at = e.index
                     return
                 ticket = limiter.admit(e) if not self._again else None
@@ -332,7 +331,7 @@ class BatchRunner:
     def _wait(self, timeout: float | None = None) -> "asyncio.Future[None]":
         """What `run` awaits until something that may unblock it happens: a request settles, a stop, or
         `timeout` passes. (A future, not a coroutine: one frame less to resume per wake.)"""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         wake = self._wake = loop.create_future()
         if timeout is not None:
             wake.add_done_callback(_cancel_timer(loop.call_later(timeout, _resolve, wake)))
