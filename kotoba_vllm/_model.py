@@ -174,9 +174,22 @@ class DetokenizeRequest:
 # ------------------------------------------------------------------ pooling-model endpoints
 
 
+class _NotStreamed:
+    """A request answered whole, with no sampling."""
+
+    stream = None
+    sampling = None
+
+
+class _ControlCall(_NotStreamed):
+    """A server-control request: it names no model."""
+
+    model = None
+
+
 @register
 @attrs.frozen
-class RerankRequest:
+class RerankRequest(_NotStreamed):
     """Documents ranked against a query (`/v1/rerank`: vLLM, SGLang, llama.cpp started with `--rerank`)."""
 
     query: str = edn_field("vllm/query", STR, default=REQUIRED)
@@ -186,14 +199,12 @@ class RerankRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    stream = None
-    sampling = None
     endpoint = "rerank"
 
 
 @register
 @attrs.frozen
-class ScoreRequest:
+class ScoreRequest(_NotStreamed):
     """Pairwise scores of `text_1` against `text_2` (vLLM `/score`; one text against many, or pairwise)."""
 
     text_1: str | tuple[str, ...] = edn_field("vllm/text-1", ONE_OF(STR, MANY(STR)), default=REQUIRED)
@@ -202,14 +213,12 @@ class ScoreRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    stream = None
-    sampling = None
     endpoint = "score"
 
 
 @register
 @attrs.frozen
-class ClassifyRequest:
+class ClassifyRequest(_NotStreamed):
     """Class probabilities per input (vLLM `/classify`, a sequence-classification model)."""
 
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
@@ -217,8 +226,6 @@ class ClassifyRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    stream = None
-    sampling = None
     endpoint = "classify"
 
 
@@ -227,7 +234,7 @@ POOLING_TASKS = ("embed", "classify", "score", "token-embed", "token-classify")
 
 @register
 @attrs.frozen
-class PoolingRequest:
+class PoolingRequest(_NotStreamed):
     """The pooler's raw output per input (vLLM `/pooling`); `task` picks the pooler where a model has several."""
 
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
@@ -236,8 +243,6 @@ class PoolingRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    stream = None
-    sampling = None
     endpoint = "pooling"
 
 
@@ -246,21 +251,18 @@ class PoolingRequest:
 
 @register
 @attrs.frozen
-class LoraListRequest:
+class LoraListRequest(_ControlCall):
     """The LoRA adapters the server holds (vLLM and SGLang: `/v1/models` entries with a parent; llama.cpp `GET /lora-adapters`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    model = None  # a control call names no model
-    stream = None
-    sampling = None
     endpoint = "lora-list"
 
 
 @register
 @attrs.frozen
-class LoraLoadRequest:
+class LoraLoadRequest(_ControlCall):
     """Load an adapter at run time (vLLM `/v1/load_lora_adapter`, SGLang `/load_lora_adapter`)."""
 
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
@@ -268,22 +270,16 @@ class LoraLoadRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    model = None  # a control call names no model
-    stream = None
-    sampling = None
     endpoint = "lora-load"
 
 
 @register
 @attrs.frozen
-class LoraUnloadRequest:
+class LoraUnloadRequest(_ControlCall):
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    model = None  # a control call names no model
-    stream = None
-    sampling = None
     endpoint = "lora-unload"
 
 
@@ -296,30 +292,24 @@ class LoraScale:
 
 @register
 @attrs.frozen
-class LoraScaleRequest:
+class LoraScaleRequest(_ControlCall):
     """Set the global scale of adapters loaded at start (llama.cpp `POST /lora-adapters`; 0 switches one off)."""
 
     adapters: tuple[LoraScale, ...] = edn_field("vllm/adapters", MANY(NESTED(LoraScale)), default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    model = None  # a control call names no model
-    stream = None
-    sampling = None
     endpoint = "lora-scale"
 
 
 @register
 @attrs.frozen
-class CacheResetRequest:
+class CacheResetRequest(_ControlCall):
     """Drop the whole prefix cache (vLLM `/reset_prefix_cache`, SGLang `/flush_cache`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    model = None  # a control call names no model
-    stream = None
-    sampling = None
     endpoint = "cache-reset"
 
 
@@ -328,7 +318,7 @@ SLOT_ACTIONS = ("save", "restore", "erase")
 
 @register
 @attrs.frozen
-class SlotRequest:
+class SlotRequest(_ControlCall):
     """Save, restore or erase one slot's cache (llama.cpp `/slots/{id}?action=..`, needs `--slot-save-path`).
     `filename` (save, restore) is a bare name inside the server's slot-save directory."""
 
@@ -338,9 +328,6 @@ class SlotRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
-    model = None  # a control call names no model
-    stream = None
-    sampling = None
     endpoint = "slot"
 
 

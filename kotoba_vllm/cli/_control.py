@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 from .._base_client import API_KEY_ENV, BASE_URL_ENV
 from .._client import Client
@@ -37,3 +38,12 @@ def send_control(args: argparse.Namespace, req: Request) -> int:
             return 1
     emit(to_edn(resp), pretty_print=args.pretty)
     return 0 if getattr(resp, "ok", True) else 1
+
+
+def run_control(args: argparse.Namespace, build: Callable[[argparse.Namespace], Request | str]) -> int:
+    """`build` makes the request from the arguments, or says what is missing (exit 2, nothing sent)."""
+    req = build(args)
+    if isinstance(req, str):
+        print(f"error: {req}", file=sys.stderr)
+        return 2
+    return send_control(args, req)

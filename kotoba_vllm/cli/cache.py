@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .._model import CacheResetRequest, Request, SlotRequest
-from ._control import add_server_arguments, send_control
+from ._control import add_server_arguments, run_control
 
 HELP = ("Prefix cache control: reset it (vLLM /reset_prefix_cache, SGLang /flush_cache), or save, restore or "
         "erase one llama.cpp slot (--slot-save-path); the answer as EDN.")
@@ -30,8 +29,4 @@ def _request(args: argparse.Namespace) -> Request | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    req = _request(args)
-    if isinstance(req, str):
-        print(f"error: {req}", file=sys.stderr)
-        return 2
-    return send_control(args, req)
+    return run_control(args, _request)

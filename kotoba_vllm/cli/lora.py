@@ -7,7 +7,7 @@ import sys
 
 from .._endpoint_calls import scale_request
 from .._model import LoraListRequest, LoraLoadRequest, LoraUnloadRequest, Request
-from ._control import add_server_arguments, send_control
+from ._control import add_server_arguments, run_control
 
 HELP = ("LoRA adapters: list them (every engine), load/unload one (vLLM, SGLang), or set the scales of those "
         "loaded at start (llama.cpp); the answer as EDN.")
@@ -46,8 +46,4 @@ def _request(args: argparse.Namespace) -> Request | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    req = _request(args)
-    if isinstance(req, str):
-        print(f"error: {req}", file=sys.stderr)
-        return 2
-    return send_control(args, req)
+    return run_control(args, _request)
