@@ -90,6 +90,7 @@ class ChatRequest:
     tools: Edn = edn_field("vllm/tools", JSON)
     tool_choice: Edn = edn_field("vllm/tool-choice", JSON)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "chat"
@@ -105,6 +106,7 @@ class CompletionRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "completion"
@@ -120,6 +122,7 @@ class GenerateRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "generate"
@@ -131,6 +134,7 @@ class EmbeddingRequest:
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     stream = None
@@ -145,6 +149,7 @@ class TokenizeRequest:
     model: str | None = edn_field("vllm/model", STR)
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     stream = None
@@ -158,6 +163,7 @@ class DetokenizeRequest:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     stream = None

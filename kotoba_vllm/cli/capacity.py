@@ -14,6 +14,8 @@ from .._errors import register_secret
 from .._model import BACKENDS
 from ..capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, merge_pool_capacity, probe_endpoints
 from ..capacity._probe import PROBE_TIMEOUT, now_iso
+from .._wire import default_sync_wire
+from .._wire_core import PROBE_MAX_BYTES
 from ..pool import load_pool_config
 from ._common import emit
 
@@ -64,7 +66,12 @@ def run(args: argparse.Namespace) -> int:
     if key:
         headers["authorization"] = f"Bearer {key}"
         register_secret(key)  # never echoed into a :capacity/reason
-    answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout, load_tracked=load_tracked)
+    # over http.client: each probe's deadline holds every read (a trickling member cannot hold the command)
+    wire = default_sync_wire(headers, True, httpx.Limits(), PROBE_MAX_BYTES)
+    try:
+        answers = probe_endpoints(urls, backend or "auto", http=wire, timeout=timeout, load_tracked=load_tracked)
+    finally:
+        wire.close()
     for a in answers:
         emit(a.to_edn(), pretty_print=args.pretty)
     pool = merge_pool_capacity(answers, at=now_iso())
