@@ -20,9 +20,10 @@ from ._base_client import (DETECT_DEADLINE_S, DETECT_TIMEOUT, DETECTION_PROBES, 
                            answer_error, broken_stream, decide_backend, may_resend, not_event_stream, streaming)
 from ._deadlines import Deadlines, Watch, expired
 from ._edn import Edn, EdnMap
+from ._endpoint_calls import R, AsyncEndpointCalls, EndpointCalls, checked, embedding_request
 from ._errors import KotobaError, ProtocolError, TransportError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
-                     ModelsResponse, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
+                     ModelsResponse, Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from ._resend import MAX_RESENDS
 from .dialects import get_dialect
 from .dialects._http import decode_json
@@ -207,7 +208,7 @@ class AsyncStream:
         await self.aclose()
 
 
-class Client(BaseClient):
+class Client(BaseClient, EndpointCalls):
     """Synchronous client. `Client(base_url, backend="auto"|"vllm"|"sglang"|"llamacpp"|"openai")`.
 
     Limits (docs/trust.md): `timeout` each phase, `deadline` the whole call (seconds), `stream_idle_s`
@@ -368,8 +369,14 @@ class Client(BaseClient):
         return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout,
                            deadline=deadline)
 
-    def embeddings(self, input: str | Iterable[str], *, model: str | None = None) -> EmbeddingResponse:
-        return self.send(EmbeddingRequest(input=input if isinstance(input, str) else tuple(input), model=model))
+    def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
+                   encoding_format: str | None = None) -> EmbeddingResponse:
+        return self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+
+    def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
+        resp = self.send(req, timeout=timeout)
+        assert isinstance(resp, cls)  # each endpoint's dialect parser builds its one response class
+        return resp
 
     def tokenize(self, text: str, *, model: str | None = None, add_special: bool | None = None) -> TokenizeResponse:
         return self.send(TokenizeRequest(text=text, model=model, add_special=add_special))
@@ -400,8 +407,9 @@ class Client(BaseClient):
                       backend=self._backend_for(self.base_url), detail=detail)
 
 
-class AsyncClient(BaseClient):
-    """Asynchronous twin of `Client` (the same limits: docs/trust.md)."""
+class AsyncClient(BaseClient, AsyncEndpointCalls):
+    """Asynchronous twin of `Client`: aiohttp by default, or a caller's `httpx.AsyncClient` as `http_client`
+    (the same limits: docs/trust.md)."""
 
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
@@ -590,8 +598,14 @@ class AsyncClient(BaseClient):
         return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
                                  timeout=timeout, deadline=deadline)
 
-    async def embeddings(self, input: str | Iterable[str], *, model: str | None = None) -> EmbeddingResponse:
-        return await self.send(EmbeddingRequest(input=input if isinstance(input, str) else tuple(input), model=model))
+    async def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
+                         encoding_format: str | None = None) -> EmbeddingResponse:
+        return await self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+
+    async def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
+        resp = await self.send(req, timeout=timeout)
+        assert isinstance(resp, cls)  # each endpoint's dialect parser builds its one response class
+        return resp
 
     async def tokenize(self, text: str, *, model: str | None = None,
                        add_special: bool | None = None) -> TokenizeResponse:

@@ -12,12 +12,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._edn import kw, pretty
-from .._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, EmbeddingRequest, Figure,
-                      GenerateRequest, Message, Response, Sampling, StreamDelta, Timings, TokenizeRequest, ToolCall,
-                      Usage)
+from .._model import (CacheResetRequest, ChatRequest, Choice, ClassifyRequest, ClassifyResponse, ClassifyResult,
+                      CompletionRequest, ContentPart, ControlResponse, DetokenizeRequest, EmbeddingRequest, Figure,
+                      GenerateRequest, LoraAdapter, LoraAdaptersResponse, LoraListRequest, LoraLoadRequest, LoraScale,
+                      LoraScaleRequest, LoraUnloadRequest, Message, PoolingRequest, PoolingResponse, RerankRequest,
+                      RerankResponse, RerankResult, Response, Sampling, ScoreRequest, ScoreResponse, SlotRequest,
+                      StreamDelta, Timings, TokenizeRequest, ToolCall, Usage)
 from .._sampling import KNOBS_BY_ATTR, SAMPLING_TABLE
 from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
 from ..dialects import DIALECTS, Dialect
+from ..dialects._endpoints import EMBEDDING_OPTIONS
 from ..distributed._spec import KIND_TEXT, KOTODAMA_ALIASES, TABLES
 from ..pool import PoolConfig
 from . import _samples
@@ -25,7 +29,11 @@ from ._observed import observe
 from ._typed import codec_shapes, kind_shapes
 
 SHAPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest,
-          Message, ContentPart, ToolCall, Sampling, Response, Choice, Usage, Timings, Figure, StreamDelta)
+          RerankRequest, ScoreRequest, ClassifyRequest, PoolingRequest, LoraListRequest, LoraLoadRequest,
+          LoraUnloadRequest, LoraScale, LoraScaleRequest, CacheResetRequest, SlotRequest,
+          Message, ContentPart, ToolCall, Sampling, Response, Choice, Usage, Timings, Figure, StreamDelta,
+          RerankResponse, RerankResult, ScoreResponse, ClassifyResponse, ClassifyResult, PoolingResponse,
+          LoraAdaptersResponse, LoraAdapter, ControlResponse)
 SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 REQUEST_REF = "shapes.edn (a request map)"
 
@@ -45,6 +53,8 @@ def engine(d: Dialect) -> dict[Any, Any]:
         kw("engine/routes"): {kw(ep): path for ep, path in d.routes.items()},
         kw("engine/models-path"): d.models_path,
         kw("engine/health-path"): d.health_path,
+        kw("engine/embedding-options"): sorted((kw(EMBEDDING_OPTIONS[a]) for a in d.embedding_options),
+                                                key=lambda k: k.name),
         kw("engine/sampling"): {kw(ep): sorted((kw(KNOBS_BY_ATTR[a].key) for a in attrs_),
                                                key=lambda k: k.name)
                                 for ep, attrs_ in d.sampling_support.items()},

@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "plan": "kotoba_vllm.cli.plan",
     "probe-links": "kotoba_vllm.cli.probe_links",
     "bench": "kotoba_vllm.cli.bench",
+    "lora": "kotoba_vllm.cli.lora",
+    "cache": "kotoba_vllm.cli.cache",
 }
 
 
