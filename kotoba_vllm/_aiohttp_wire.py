@@ -29,8 +29,8 @@ from yarl import URL
 
 from ._errors import ConfigError, TransportError
 from ._resend import AttemptEvidence
-from ._wire_core import (ACCEPT_ENCODING, DECODE_ERRORS, DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, timed_out,
-                         too_large, unreachable)
+from ._wire_core import (ACCEPT_ENCODING, DECODE_ERRORS, DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, not_read,
+                         timed_out, too_large, unreachable)
 
 _WATCH: contextvars.ContextVar["_Watch | None"] = contextvars.ContextVar("kotoba_attempt", default=None)
 JSON_HEADERS = {"content-type": "application/json"}
@@ -191,7 +191,7 @@ class AiohttpAnswer:
     @property
     def content(self) -> bytes:
         if self._content is None:
-            raise TransportError("the answer's body was not read", endpoint=self._body.url)
+            raise not_read(self._body.url)
         return self._content
 
     @property

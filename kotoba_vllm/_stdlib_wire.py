@@ -32,8 +32,8 @@ import httpx
 
 from ._errors import ConfigError, TransportError
 from ._resend import AttemptEvidence
-from ._wire_core import (ACCEPT_ENCODING, DECODE_ERRORS, DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, timed_out,
-                         too_large, unreachable)
+from ._wire_core import (ACCEPT_ENCODING, DECODE_ERRORS, DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, not_read,
+                         timed_out, too_large, unreachable)
 
 _READ = 65536
 
@@ -216,7 +216,7 @@ class StdlibAnswer:
     @property
     def content(self) -> bytes:
         if self._content is None:
-            raise TransportError("the answer's body was not read", endpoint=self.url)
+            raise not_read(self.url)
         return self._content
 
     @property

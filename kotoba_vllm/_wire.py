@@ -28,7 +28,7 @@ from ._base_client import AsyncAttempt, Attempt, trace_event
 from ._errors import TransportError
 from ._resend import AttemptEvidence
 from ._stdlib_wire import StdlibWire
-from ._wire_core import DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, timed_out, too_large, unreachable
+from ._wire_core import DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, not_read, timed_out, too_large, unreachable
 
 _PHASES = {httpx.ConnectTimeout: "connect", httpx.ReadTimeout: "read", httpx.WriteTimeout: "write",
            httpx.PoolTimeout: "pool"}
@@ -178,7 +178,7 @@ class HttpxAnswer:
     @property
     def content(self) -> bytes:
         if self._content is None:
-            raise TransportError("the answer's body was not read", endpoint=self._body.url)
+            raise not_read(self._body.url)
         return self._content
 
     @property
@@ -191,6 +191,11 @@ class HttpxAnswer:
 
     def _error(self, e: Exception) -> TransportError:
         return from_httpx(e, self._body.url, self._timeout)
+
+    def _replayed(self) -> bytes:
+        """A response read already (a mock's reused one): its decoded content, bounded all the same."""
+        self._body = Body(self._body.url, self._body.limit, None)
+        return self._body.feed(self._r.content)
 
     def _check(self) -> None:
         if self.until is not None and time.monotonic() >= self.until:
@@ -207,10 +212,8 @@ class HttpxAnswer:
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         r, body = self._r, self._body
         try:
-            if r.is_stream_consumed:  # a response read already (a mock's reused one): its content, bounded
-                body = self._body = Body(body.url, body.limit, None)
-                if data := body.feed(r.content):
-                    yield data
+            if r.is_stream_consumed:
+                yield self._replayed()
                 return
             async for data in (r.aiter_raw() if self._raw else r.aiter_bytes()):
                 if data := body.feed(data):
@@ -235,10 +238,8 @@ class HttpxAnswer:
     def iter_bytes(self) -> Iterator[bytes]:
         r, body = self._r, self._body
         try:
-            if r.is_stream_consumed:  # a response read already (a mock's reused one): its content, bounded
-                body = self._body = Body(body.url, body.limit, None)
-                if data := body.feed(r.content):
-                    yield data
+            if r.is_stream_consumed:
+                yield self._replayed()
                 return
             for data in (r.iter_raw() if self._raw else r.iter_bytes()):
                 self._check()

@@ -51,6 +51,10 @@ def failed(url: str, why: object) -> TransportError:
     return TransportError(f"{url}: {why}", endpoint=url)
 
 
+def not_read(url: str) -> TransportError:
+    return TransportError("the answer's body was not read", endpoint=url)
+
+
 def too_large(url: str, limit: int, read: int, what: str) -> ResponseTooLarge:
     said = {"received": "bytes received", "decoded": "bytes after decompression",
             "sse-line": "bytes in one event-stream line"}[what]
