@@ -28,11 +28,8 @@ from ._resend import MAX_RESENDS
 from .dialects import get_dialect
 from .dialects._http import decode_json
 from ._wire import Answer, AsyncWire, HttpxSyncWire, HttpxWire, SyncAnswer, SyncWire, default_sync_wire, default_wire
-<<<<<<< HEAD
 from ._wire_core import DEFAULT_MAX_BYTES, lost
-=======
 from .server_config import CONFIG_TIMEOUT, ServerConfig, aserver_configs, server_configs
->>>>>>> main
 
 T = TypeVar("T")
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
