@@ -16,6 +16,7 @@ import httpx
 
 from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
+from ._fields import KWARG_KEYS
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
                       TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
@@ -435,10 +436,48 @@ def streaming(request: RequestInput) -> TextRequest:
     return req if req.stream else attrs.evolve(req, stream=True)
 
 
+# Keyword arguments that are not sampling knobs: the engine fields (named as the engines name them), the
+# pass-through, and two request attributes.
+_REQUEST_KWARGS = frozenset({"request_id", "tool_choice"})
+_NOT_SAMPLING = frozenset(KWARG_KEYS) | _REQUEST_KWARGS
+
+
+class KwargsSplit:
+    """Keyword arguments sorted: sampling knobs, engine fields (by EDN key) and request attributes."""
+
+    __slots__ = ("sampling", "fields", "attrs")
+
+    def __init__(self, kwargs: Mapping[str, Any]) -> None:
+        self.sampling: Mapping[str, Any] = kwargs
+        self.fields: dict[str, Edn] = {}
+        self.attrs: dict[str, Any] = {}
+        if _NOT_SAMPLING.isdisjoint(kwargs):  # the common call: sampling knobs only, nothing copied
+            return
+        self.sampling = {}
+        for k, v in kwargs.items():
+            if k in _REQUEST_KWARGS:
+                self.attrs[k] = v
+            elif k in KWARG_KEYS:
+                self.fields[KWARG_KEYS[k]] = _as_edn_value(v)
+            else:
+                self.sampling[k] = v
+
+    def extras(self, extras: Mapping[str, Edn] | None) -> dict[str, Edn]:
+        out = dict(extras or {})
+        for k, v in self.fields.items():
+            if k in out:
+                raise ValidationError([Problem("error", "request/conflict", f"{k.rsplit('/', 1)[1]!r} is given twice: "
+                                               f"as a keyword argument and as :{k} in extras", field=k)])
+            out[k] = v
+        return out
+
+
 def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
                  extras: Mapping[str, Edn] | None) -> ChatRequest:
-    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
-                       stream=stream or None, tools=tools, extras=dict(extras or {}))
+    split = KwargsSplit(sampling)
+    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(split.sampling),
+                       stream=stream or None, tools=tools, extras=split.extras(extras),
+                       tool_choice=split.attrs.get("tool_choice"), request_id=split.attrs.get("request_id"))
 
 
 class BaseClient:
@@ -572,5 +611,9 @@ class BaseClient:
                             extras: Mapping[str, Edn] | None, native: bool) -> CompletionRequest | GenerateRequest:
         cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
-        return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,
-                   extras=dict(extras or {}))
+        split = KwargsSplit(sampling)
+        if "tool_choice" in split.attrs:
+            raise ValidationError([Problem("error", "request/type", "tool_choice is a chat argument",
+                                           field="vllm/tool-choice")])
+        return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(split.sampling), stream=stream or None,
+                   extras=split.extras(extras), request_id=split.attrs.get("request_id"))

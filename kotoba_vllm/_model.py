@@ -13,12 +13,15 @@ import attrs
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword
+from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
 PROVENANCES = ("server-reported", "client-measured", "unavailable")
-ENGINE_NAMESPACES = ("llamacpp", "sglang")
+# Where a request's engine fields live (`_fields.FIELDS`): the shared `:vllm/*` ones the table names,
+# vLLM-only `:vllm.engine/*`, and the engines' own namespaces.
+ENGINE_NAMESPACES = ("vllm", "vllm.engine", "llamacpp", "sglang")
 REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
 
@@ -91,7 +94,7 @@ class ChatRequest:
     tool_choice: Edn = edn_field("vllm/tool-choice", JSON)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "chat"
 
 
@@ -106,7 +109,7 @@ class CompletionRequest:
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "completion"
 
 
@@ -121,7 +124,7 @@ class GenerateRequest:
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "generate"
 
 
@@ -132,7 +135,7 @@ class EmbeddingRequest:
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "embedding"
@@ -146,7 +149,7 @@ class TokenizeRequest:
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "tokenize"
@@ -159,7 +162,7 @@ class DetokenizeRequest:
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "detokenize"

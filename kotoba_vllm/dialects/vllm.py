@@ -30,6 +30,7 @@ class VllmDialect(Dialect):
         "detokenize": "/detokenize",
     }
     health_path: ClassVar[str] = "/health"
+    request_id_field: ClassVar[str | None] = "request_id"  # vLLM reads X-Request-Id first, then this
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {"chat": VLLM_SAMPLING, "completion": VLLM_SAMPLING}
 
     def problems(self, req: Request) -> list[Problem]:
