@@ -338,7 +338,7 @@ class Client(BaseClient):
 
 
 class AsyncClient(BaseClient):
-    """Asynchronous twin of `Client`, on `httpx.AsyncClient`."""
+    """Asynchronous twin of `Client`: aiohttp by default, or a caller's `httpx.AsyncClient` as `http_client`."""
 
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
