@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Iterator, Mapping, Union
+from typing import Any, Iterable, Iterator, Mapping, TypeVar, Union
 
 import attrs
 import httpx
@@ -256,8 +256,9 @@ def transport_error(exc: BaseException, url: str, timeout: httpx.Timeout, partia
 class StreamRun:
     """Pure-ish driver of one stream: feeds SSE payloads into the dialect's decoder and keeps the clock."""
 
-    def __init__(self, plan: Plan, sent: float | None = None) -> None:
+    def __init__(self, plan: Plan, sent: float | None = None, server_request_id: str | None = None) -> None:
         self.plan = plan
+        self.server_request_id = server_request_id  # the response's x-request-id: the id the server used
         self.decoder: ChunkStream = plan.dialect.stream_decoder(plan.request, plan.url)
         # `sent` is taken before the request goes out: TTFT includes the wait for response headers.
         self.sent = time.perf_counter() if sent is None else sent
@@ -298,11 +299,21 @@ class StreamRun:
         clock = ClientClock(sent=self.sent, first_token=self.first,
                             last_token=self.token_times[-1] if self.token_times else None, done=time.perf_counter(),
                             token_times=tuple(self.token_times))
-        return self.decoder.response(clock)
+        return with_server_id(self.decoder.response(clock), self.server_request_id)
 
     @property
     def partial_text(self) -> str:
         return self.decoder.partial_text
+
+
+_Answer = TypeVar("_Answer", bound=AnyResponse)
+
+
+def with_server_id(resp: _Answer, server_request_id: str | None) -> _Answer:
+    """The answer with the request id the server says it used (its `x-request-id` header), beside ours."""
+    if server_request_id is None or not isinstance(resp, Response):
+        return resp
+    return attrs.evolve(resp, server_request_id=server_request_id)
 
 
 def not_event_stream(content_type: str) -> str | None:
@@ -519,6 +530,13 @@ class BaseClient:
         """True when a key is set and `base` is outside the configured origins."""
         return self._has_key and not self.trusted.allows(base)
 
+    def _http_error(self, status: int, raw: bytes, headers: Mapping[str, str], plan: Plan) -> KotobaError:
+        """The typed error for an HTTP error answer, carrying our request id and the one the server used."""
+        err = classify_error(status, raw, headers, plan.url)
+        err.request_id = plan.request.request_id
+        err.server_request_id = headers.get("x-request-id")
+        return self._explain_withheld(err, plan)
+
     def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:
         """A 401/403 from a server we withheld the key from says so, and how to trust it."""
         if plan.key_withheld and isinstance(err, ServerError) and err.status in (401, 403):
@@ -573,13 +591,13 @@ class BaseClient:
 
     def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:
         if status >= 400:
-            raise self._explain_withheld(classify_error(status, raw, headers, plan.url), plan)
+            raise self._http_error(status, raw, headers, plan)
         obj = decode_json(raw)
         if obj is None:
             raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
-            return plan.dialect.parse(plan.request, obj, plan.url, clock)
+            return with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"))
         except KotobaError as e:
             e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
             raise

@@ -8,7 +8,7 @@ import pytest
 
 from kotoba_vllm import Client, ValidationError
 from kotoba_vllm._base_client import chat_request
-from kotoba_vllm._edn import read_all
+from kotoba_vllm._edn import kw, read_all
 from kotoba_vllm._model import GenerateRequest
 from kotoba_vllm._requests import request_from_edn, request_to_edn
 from kotoba_vllm._validate import validate
@@ -214,3 +214,58 @@ def test_a_request_without_new_fields_renders_as_before() -> None:
     http = get_dialect("vllm").render(r)
     assert http.headers is None and http.body == {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     assert GenerateRequest(prompt="p").extras == {}
+
+
+# ------------------------------------------------------------------ on a real socket: what the server reads, what comes back
+
+from faultserver import FaultServer, Seen, chat_answer, reply, sse_stream  # noqa: E402
+
+from kotoba_vllm import AsyncClient, BadRequest  # noqa: E402
+
+
+def echo_id(seen: Seen) -> list:
+    """A server that answers with the id it was sent, as vLLM does with --enable-request-id-headers."""
+    rid = seen.headers.get("x-request-id", "server-made")
+    if (seen.json() or {}).get("stream"):
+        steps = sse_stream(["Hel", "lo"])
+        first = steps[0]
+        assert isinstance(first, bytes)
+        steps[0] = first.replace(b"\r\n\r\n", f"\r\nx-request-id: {rid}\r\n\r\n".encode(), 1)
+        return steps
+    if (seen.json() or {}).get("priority"):
+        return reply({"error": {"message": "Priority scheduling is not enabled.", "type": "BadRequestError",
+                                "code": 400}}, status=400, headers=[("x-request-id", rid)])
+    return reply(chat_answer("Hello"), headers=[("x-request-id", rid)])
+
+
+def test_the_request_id_and_headers_reach_the_server_and_the_servers_id_comes_back() -> None:
+    with FaultServer(echo_id) as srv, Client(srv.base_url, backend="vllm") as c:
+        r = c.chat("hi", max_tokens=4, request_id="abc-1", extra_headers={"X-Trace": "t1"}, min_tokens=2)
+        seen = srv.seen[-1]
+        assert seen.headers["x-request-id"] == "abc-1" and seen.headers["x-trace"] == "t1"
+        assert seen.json()["request_id"] == "abc-1" and seen.json()["min_tokens"] == 2
+        assert (r.request_id, r.server_request_id) == ("abc-1", "abc-1")
+        with c.stream_chat("hi", max_tokens=4, request_id="s-2") as s:
+            assert "".join(d.delta for d in s) == "Hello"
+        assert s.response is not None and s.response.server_request_id == "s-2"
+        with pytest.raises(BadRequest) as e:
+            c.chat("hi", max_tokens=4, request_id="p-3", priority=5)
+        assert (e.value.request_id, e.value.server_request_id) == ("p-3", "p-3")
+        edn = e.value.to_edn()
+        assert edn[kw("vllm/request-id")] == "p-3" and edn[kw("vllm/server-request-id")] == "p-3"
+
+
+async def test_the_same_from_the_async_client() -> None:
+    with FaultServer(echo_id) as srv:
+        async with AsyncClient(srv.base_url, backend="vllm") as c:
+            r = await c.chat("hi", max_tokens=4, request_id="a-1", chat_template_kwargs={"enable_thinking": False},
+                             extra_body={"vllm_xargs_custom": 1})
+            body = srv.seen[-1].json()
+            assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["vllm_xargs_custom"] == 1
+            assert srv.seen[-1].headers["x-request-id"] == "a-1" and r.server_request_id == "a-1"
+            s = await c.stream_chat("hi", max_tokens=4, request_id="a-2")
+            assert "".join([d.delta async for d in s]) == "Hello"
+            assert s.response is not None and s.response.server_request_id == "a-2"
+            with pytest.raises(BadRequest) as e:
+                await c.chat("hi", max_tokens=4, request_id="a-3", priority=5)
+            assert e.value.server_request_id == "a-3"
