@@ -48,7 +48,7 @@ class Stream:
                  until: float | None = None, deadline_s: float | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
         self._until, self._deadline_s = until, deadline_s  # the whole request's deadline (monotonic)
-        self._run = StreamRun(plan, sent)
+        self._run = StreamRun(plan, sent, response.headers.get("x-request-id"))
         self.response: Response | None = None
 
     @property
@@ -118,7 +118,7 @@ class AsyncStream:
                  sent: float | None = None, watch: Watch | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
         self._watch = watch  # the whole request's deadline, armed when the request went out
-        self._run = StreamRun(plan, sent)
+        self._run = StreamRun(plan, sent, response.headers.get("x-request-id"))
         self.response: Response | None = None
 
     @property
@@ -259,8 +259,8 @@ class Client(BaseClient, EndpointCalls):
         for _ in range(MAX_RESENDS + 1):
             attempt = Attempt()
             try:
-                return self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
-                                       attempt=attempt, withhold_key=plan.key_withheld,
+                return self._wire.send(http.method, plan.url, json=http.body, headers=http.headers, timeout=timeout,
+                                       stream=stream, attempt=attempt, withhold_key=plan.key_withheld,
                                        deadline_s=None if until is None else until - time.monotonic())
             except TransportError as e:
                 if may_resend(e, attempt):
@@ -342,7 +342,7 @@ class Client(BaseClient, EndpointCalls):
                 raw = r.read()
             finally:
                 r.close()
-            raise self._explain_withheld(answer_error(r.status_code, raw, r.headers, plan.url), plan)
+            raise self._http_error(r.status_code, raw, r.headers, plan)
         return Stream(self, plan, r, sent, until, deadline_s)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
@@ -477,8 +477,9 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         for _ in range(MAX_RESENDS + 1):
             attempt = AsyncAttempt()
             try:
-                return await self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
-                                             attempt=attempt, withhold_key=plan.key_withheld)
+                return await self._wire.send(http.method, plan.url, json=http.body, headers=http.headers,
+                                             timeout=timeout, stream=stream, attempt=attempt,
+                                             withhold_key=plan.key_withheld)
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
@@ -572,7 +573,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                     raw = await r.aread()
                 finally:
                     await r.aclose()
-                raise self._explain_withheld(answer_error(r.status_code, raw, r.headers, plan.url), plan)
+                raise self._http_error(r.status_code, raw, r.headers, plan)
         except asyncio.CancelledError:
             if watch is not None and expired(watch):
                 raise watch.timed_out(plan.url) from None

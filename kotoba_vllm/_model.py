@@ -13,6 +13,7 @@ import attrs
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword
+from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize",
@@ -21,7 +22,9 @@ ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detoken
              "lora-list", "lora-load", "lora-unload", "lora-scale", "cache-reset", "slot")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
 PROVENANCES = ("server-reported", "client-measured", "unavailable")
-ENGINE_NAMESPACES = ("llamacpp", "sglang")
+# Where a request's engine fields live (`_fields.FIELDS`): the shared `:vllm/*` ones the table names,
+# vLLM-only `:vllm.engine/*`, and the engines' own namespaces.
+ENGINE_NAMESPACES = ("vllm", "vllm.engine", "llamacpp", "sglang")
 REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
 
@@ -95,7 +98,7 @@ class ChatRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "chat"
 
 
@@ -111,7 +114,7 @@ class CompletionRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "completion"
 
 
@@ -127,7 +130,7 @@ class GenerateRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "generate"
 
 
@@ -142,7 +145,7 @@ class EmbeddingRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "embedding"
@@ -157,7 +160,7 @@ class TokenizeRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "tokenize"
@@ -171,7 +174,7 @@ class DetokenizeRequest:
     base_url: str | None = edn_field("vllm/base-url", STR)
     deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "detokenize"
@@ -433,6 +436,7 @@ class Response:
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
     created: int | None = edn_field("vllm/created", INT)
     system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
     extras: dict[str, Edn] = extras_field(RESPONSE_EXTRA_NS)
