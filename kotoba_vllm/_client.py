@@ -27,6 +27,7 @@ from ._resend import MAX_RESENDS
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
 from ._wire import Answer, AsyncWire, HttpxSyncWire, HttpxWire, SyncAnswer, SyncWire, default_sync_wire, default_wire
+from .server_config import CONFIG_TIMEOUT, ServerConfig, aserver_configs, server_configs
 
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
 
@@ -330,6 +331,16 @@ class Client(BaseClient, EndpointCalls):
             raise classify_error(r.status_code, r.content, r.headers, url)
         return dialect.parse_models(decode_json(r.content), url)
 
+    def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:
+        """What this client's server says it runs: engine and version, model, context, slots, parallel
+        sizes, speculative and KV cache settings, each field with the endpoint and key it came from and
+        `:unreported` where the engine does not say. Never raises for a server that fails: its answer is
+        unmeasured, with the reason. Asks this client's own base URL only (its key goes nowhere else)."""
+        [cfg] = server_configs([self.base_url], self._backend_for(self.base_url) or "auto", http=self._wire,
+                               timeout=CONFIG_TIMEOUT if timeout is None else self._timeout_for(timeout),
+                               detected=self._detected)
+        return cfg
+
     def health(self) -> Health:
         """Never raises for an answer: `ok` false with the status and the server's message."""
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
@@ -507,6 +518,13 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         if r.status_code >= 400:
             raise classify_error(r.status_code, r.content, r.headers, url)
         return dialect.parse_models(decode_json(r.content), url)
+
+    async def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:
+        """`Client.server_config`, awaited."""
+        [cfg] = await aserver_configs([self.base_url], self._backend_for(self.base_url) or "auto", http=self._wire,
+                                      timeout=CONFIG_TIMEOUT if timeout is None else self._timeout_for(timeout),
+                                      detected=self._detected)
+        return cfg
 
     async def health(self) -> Health:
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
