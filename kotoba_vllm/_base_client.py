@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Iterator, Mapping, Union
+from typing import Any, Iterable, Iterator, Mapping, TypeVar, Union
 
 import attrs
 import httpx
 
 from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
+from ._fields import KWARG_KEYS
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
                       TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
@@ -255,8 +256,9 @@ def transport_error(exc: BaseException, url: str, timeout: httpx.Timeout, partia
 class StreamRun:
     """Pure-ish driver of one stream: feeds SSE payloads into the dialect's decoder and keeps the clock."""
 
-    def __init__(self, plan: Plan, sent: float | None = None) -> None:
+    def __init__(self, plan: Plan, sent: float | None = None, server_request_id: str | None = None) -> None:
         self.plan = plan
+        self.server_request_id = server_request_id  # the response's x-request-id: the id the server used
         self.decoder: ChunkStream = plan.dialect.stream_decoder(plan.request, plan.url)
         # `sent` is taken before the request goes out: TTFT includes the wait for response headers.
         self.sent = time.perf_counter() if sent is None else sent
@@ -297,11 +299,21 @@ class StreamRun:
         clock = ClientClock(sent=self.sent, first_token=self.first,
                             last_token=self.token_times[-1] if self.token_times else None, done=time.perf_counter(),
                             token_times=tuple(self.token_times))
-        return self.decoder.response(clock)
+        return with_server_id(self.decoder.response(clock), self.server_request_id)
 
     @property
     def partial_text(self) -> str:
         return self.decoder.partial_text
+
+
+_Answer = TypeVar("_Answer", bound=AnyResponse)
+
+
+def with_server_id(resp: _Answer, server_request_id: str | None) -> _Answer:
+    """The answer with the request id the server says it used (its `x-request-id` header), beside ours."""
+    if server_request_id is None or not isinstance(resp, Response):
+        return resp
+    return attrs.evolve(resp, server_request_id=server_request_id)
 
 
 def not_event_stream(content_type: str) -> str | None:
@@ -435,10 +447,48 @@ def streaming(request: RequestInput) -> TextRequest:
     return req if req.stream else attrs.evolve(req, stream=True)
 
 
+# Keyword arguments that are not sampling knobs: the engine fields (named as the engines name them), the
+# pass-through, and two request attributes.
+_REQUEST_KWARGS = frozenset({"request_id", "tool_choice"})
+_NOT_SAMPLING = frozenset(KWARG_KEYS) | _REQUEST_KWARGS
+
+
+class KwargsSplit:
+    """Keyword arguments sorted: sampling knobs, engine fields (by EDN key) and request attributes."""
+
+    __slots__ = ("sampling", "fields", "attrs")
+
+    def __init__(self, kwargs: Mapping[str, Any]) -> None:
+        self.sampling: Mapping[str, Any] = kwargs
+        self.fields: dict[str, Edn] = {}
+        self.attrs: dict[str, Any] = {}
+        if _NOT_SAMPLING.isdisjoint(kwargs):  # the common call: sampling knobs only, nothing copied
+            return
+        self.sampling = {}
+        for k, v in kwargs.items():
+            if k in _REQUEST_KWARGS:
+                self.attrs[k] = v
+            elif k in KWARG_KEYS:
+                self.fields[KWARG_KEYS[k]] = _as_edn_value(v)
+            else:
+                self.sampling[k] = v
+
+    def extras(self, extras: Mapping[str, Edn] | None) -> dict[str, Edn]:
+        out = dict(extras or {})
+        for k, v in self.fields.items():
+            if k in out:
+                raise ValidationError([Problem("error", "request/conflict", f"{k.rsplit('/', 1)[1]!r} is given twice: "
+                                               f"as a keyword argument and as :{k} in extras", field=k)])
+            out[k] = v
+        return out
+
+
 def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
                  extras: Mapping[str, Edn] | None) -> ChatRequest:
-    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
-                       stream=stream or None, tools=tools, extras=dict(extras or {}))
+    split = KwargsSplit(sampling)
+    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(split.sampling),
+                       stream=stream or None, tools=tools, extras=split.extras(extras),
+                       tool_choice=split.attrs.get("tool_choice"), request_id=split.attrs.get("request_id"))
 
 
 class BaseClient:
@@ -479,6 +529,13 @@ class BaseClient:
     def _key_withheld(self, base: str) -> bool:
         """True when a key is set and `base` is outside the configured origins."""
         return self._has_key and not self.trusted.allows(base)
+
+    def _http_error(self, status: int, raw: bytes, headers: Mapping[str, str], plan: Plan) -> KotobaError:
+        """The typed error for an HTTP error answer, carrying our request id and the one the server used."""
+        err = classify_error(status, raw, headers, plan.url)
+        err.request_id = plan.request.request_id
+        err.server_request_id = headers.get("x-request-id")
+        return self._explain_withheld(err, plan)
 
     def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:
         """A 401/403 from a server we withheld the key from says so, and how to trust it."""
@@ -534,7 +591,7 @@ class BaseClient:
 
     def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:
         if status >= 400:
-            raise self._explain_withheld(classify_error(status, raw, headers, plan.url), plan)
+            raise self._http_error(status, raw, headers, plan)
         obj = decode_json(raw)
         if obj is None:
             if plan.request.endpoint not in plan.dialect.text_answers:
@@ -542,7 +599,7 @@ class BaseClient:
             obj = raw.decode("utf-8", "replace")  # a control call's answer in words (vLLM, SGLang), or none
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
-            return plan.dialect.parse(plan.request, obj, plan.url, clock)
+            return with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"))
         except KotobaError as e:
             e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
             raise
@@ -574,5 +631,9 @@ class BaseClient:
                             extras: Mapping[str, Edn] | None, native: bool) -> CompletionRequest | GenerateRequest:
         cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
-        return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,
-                   extras=dict(extras or {}))
+        split = KwargsSplit(sampling)
+        if "tool_choice" in split.attrs:
+            raise ValidationError([Problem("error", "request/type", "tool_choice is a chat argument",
+                                           field="vllm/tool-choice")])
+        return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(split.sampling), stream=stream or None,
+                   extras=split.extras(extras), request_id=split.attrs.get("request_id"))

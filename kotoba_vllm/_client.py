@@ -45,7 +45,7 @@ class Stream:
                  timeout: httpx.Timeout | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
         self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
-        self._run = StreamRun(plan, sent)
+        self._run = StreamRun(plan, sent, response.headers.get("x-request-id"))
         self.response: Response | None = None
 
     @property
@@ -106,7 +106,7 @@ class AsyncStream:
                  sent: float | None = None, timeout: httpx.Timeout | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
         self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
-        self._run = StreamRun(plan, sent)
+        self._run = StreamRun(plan, sent, response.headers.get("x-request-id"))
         self.response: Response | None = None
 
     @property
@@ -208,8 +208,8 @@ class Client(BaseClient, EndpointCalls):
         for _ in range(MAX_RESENDS + 1):
             attempt = Attempt()
             try:
-                return self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
-                                       attempt=attempt, withhold_key=plan.key_withheld)
+                return self._wire.send(http.method, plan.url, json=http.body, headers=http.headers, timeout=timeout,
+                                       stream=stream, attempt=attempt, withhold_key=plan.key_withheld)
             except httpx.HTTPError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
@@ -283,7 +283,7 @@ class Client(BaseClient, EndpointCalls):
                 raise transport_error(e, plan.url, timeout) from e
             finally:
                 r.close()
-            raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)
+            raise self._http_error(r.status_code, raw, r.headers, plan)
         return Stream(self, plan, r, sent, timeout)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
@@ -394,8 +394,9 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         for _ in range(MAX_RESENDS + 1):
             attempt = AsyncAttempt()
             try:
-                return await self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
-                                             attempt=attempt, withhold_key=plan.key_withheld)
+                return await self._wire.send(http.method, plan.url, json=http.body, headers=http.headers,
+                                             timeout=timeout, stream=stream, attempt=attempt,
+                                             withhold_key=plan.key_withheld)
             except httpx.HTTPError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
@@ -466,7 +467,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                 raise transport_error(e, plan.url, timeout) from e
             finally:
                 await r.aclose()
-            raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)
+            raise self._http_error(r.status_code, raw, r.headers, plan)
         return AsyncStream(self, plan, r, sent, timeout)
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,

@@ -97,6 +97,9 @@ class KotobaError(Exception):
     """Base of every kotoba-vllm error."""
 
     kind = "error"
+    # a request's own id and the one the server answered with (`x-request-id`), when known
+    request_id: str | int | None = None
+    server_request_id: str | None = None
 
     def __init__(self, message: str, *, endpoint: str | None = None) -> None:
         message = redact(message) or ""
@@ -114,6 +117,10 @@ class KotobaError(Exception):
         for k, v in self._fields().items():
             if v is not None:
                 out[kw(k)] = _redact_edn(v)
+        if self.request_id is not None:
+            out[kw("vllm/request-id")] = self.request_id
+        if self.server_request_id is not None:
+            out[kw("vllm/server-request-id")] = self.server_request_id
         return out
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ import attrs
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword
+from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize",
@@ -21,7 +22,9 @@ ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detoken
              "lora-list", "lora-load", "lora-unload", "lora-scale", "cache-reset", "slot")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
 PROVENANCES = ("server-reported", "client-measured", "unavailable")
-ENGINE_NAMESPACES = ("llamacpp", "sglang")
+# Where a request's engine fields live (`_fields.FIELDS`): the shared `:vllm/*` ones the table names,
+# vLLM-only `:vllm.engine/*`, and the engines' own namespaces.
+ENGINE_NAMESPACES = ("vllm", "vllm.engine", "llamacpp", "sglang")
 REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
 
@@ -94,7 +97,7 @@ class ChatRequest:
     tool_choice: Edn = edn_field("vllm/tool-choice", JSON)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "chat"
 
 
@@ -109,7 +112,7 @@ class CompletionRequest:
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "completion"
 
 
@@ -124,7 +127,7 @@ class GenerateRequest:
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "generate"
 
 
@@ -138,7 +141,7 @@ class EmbeddingRequest:
     encoding_format: str | None = edn_field("vllm/encoding-format", KW("float", "base64"))
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "embedding"
@@ -152,7 +155,7 @@ class TokenizeRequest:
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "tokenize"
@@ -165,7 +168,7 @@ class DetokenizeRequest:
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "detokenize"
@@ -417,6 +420,7 @@ class Response:
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
     created: int | None = edn_field("vllm/created", INT)
     system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
     extras: dict[str, Edn] = extras_field(RESPONSE_EXTRA_NS)

@@ -28,6 +28,7 @@ optional `conversation=` id), so a pool can stand wherever a client does.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +76,9 @@ class PoolConfig:
     # seconds a probe round is read for before the next (0: a round before every request); None: the default
     capacity_interval_s: float | None = attrs.field(default=None,
                                                     metadata={"edn": "pool/capacity-interval-s", "codec": NUM})
+    # the distributed spec the members are meant to serve (relative to the pool file): `capacity` holds each
+    # member's reported configuration against its plan and says which drifted
+    plan: str | None = attrs.field(default=None, metadata={"edn": "pool/plan", "codec": STR})
 
 
 def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
@@ -105,8 +109,11 @@ def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
                                  or not interval >= 0 or interval == float("inf")):
         raise ConfigError(f"{where}: :pool/capacity-interval-s must be a number of seconds >= 0 (0 probes before "
                           f"every request), got {interval!r}")
+    plan = m.get(kw("pool/plan"))
+    if plan is not None and (not isinstance(plan, str) or not plan):
+        raise ConfigError(f"{where}: :pool/plan must be the path of a distributed spec (a string)")
     return PoolConfig(tuple(u for u in members if isinstance(u, str)), backend.name, None if t is None else float(t),
-                      model, tracked, None if interval is None else float(interval))
+                      model, tracked, None if interval is None else float(interval), plan)
 
 
 def load_pool_config(path: str) -> PoolConfig:
@@ -114,7 +121,10 @@ def load_pool_config(path: str) -> PoolConfig:
     forms = read_file(path)
     if len(forms) != 1:
         raise ConfigError(f"{path}: expected exactly one pool map, found {len(forms)} forms")
-    return pool_config_from_edn(forms[0].value, forms[0].where)
+    cfg = pool_config_from_edn(forms[0].value, forms[0].where)
+    if cfg.plan is not None and not os.path.isabs(cfg.plan) and path != "-":
+        cfg = attrs.evolve(cfg, plan=os.path.join(os.path.dirname(path), cfg.plan))
+    return cfg
 
 
 # ------------------------------------------------------------------ shared decisions
