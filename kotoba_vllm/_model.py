@@ -96,6 +96,7 @@ class ChatRequest:
     tools: Edn = edn_field("vllm/tools", JSON)
     tool_choice: Edn = edn_field("vllm/tool-choice", JSON)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "chat"
@@ -111,6 +112,7 @@ class CompletionRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "completion"
@@ -126,6 +128,7 @@ class GenerateRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "generate"
@@ -140,6 +143,7 @@ class EmbeddingRequest:
     # :base64 answers are decoded to floats here: the typed answer is the same either way
     encoding_format: str | None = edn_field("vllm/encoding-format", KW("float", "base64"))
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
@@ -154,6 +158,7 @@ class TokenizeRequest:
     model: str | None = edn_field("vllm/model", STR)
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
@@ -167,6 +172,7 @@ class DetokenizeRequest:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
@@ -200,6 +206,7 @@ class RerankRequest(_NotStreamed):
     top_n: int | None = edn_field("vllm/top-n", INT)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "rerank"
@@ -214,6 +221,7 @@ class ScoreRequest(_NotStreamed):
     text_2: str | tuple[str, ...] = edn_field("vllm/text-2", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "score"
@@ -227,6 +235,7 @@ class ClassifyRequest(_NotStreamed):
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "classify"
@@ -244,6 +253,7 @@ class PoolingRequest(_NotStreamed):
     task: str | None = edn_field("vllm/task", KW(*POOLING_TASKS))
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "pooling"
@@ -258,6 +268,7 @@ class LoraListRequest(_ControlCall):
     """The LoRA adapters the server holds (vLLM and SGLang: `/v1/models` entries with a parent; llama.cpp `GET /lora-adapters`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-list"
@@ -271,6 +282,7 @@ class LoraLoadRequest(_ControlCall):
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
     lora_path: str = edn_field("vllm/lora-path", STR, default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-load"
@@ -281,6 +293,7 @@ class LoraLoadRequest(_ControlCall):
 class LoraUnloadRequest(_ControlCall):
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-unload"
@@ -300,6 +313,7 @@ class LoraScaleRequest(_ControlCall):
 
     adapters: tuple[LoraScale, ...] = edn_field("vllm/adapters", MANY(NESTED(LoraScale)), default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-scale"
@@ -311,6 +325,7 @@ class CacheResetRequest(_ControlCall):
     """Drop the whole prefix cache (vLLM `/reset_prefix_cache`, SGLang `/flush_cache`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "cache-reset"
@@ -329,6 +344,7 @@ class SlotRequest(_ControlCall):
     slot_id: int = edn_field("vllm/slot-id", INT, default=REQUIRED)
     filename: str | None = edn_field("vllm/filename", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "slot"

@@ -9,6 +9,8 @@ import httpx
 from .._edn import Edn, Keyword, kw
 from ..capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, merge_pool_capacity, probe_endpoints
 from ..capacity._probe import PROBE_TIMEOUT, now_iso
+from .._wire import default_sync_wire
+from .._wire_core import PROBE_MAX_BYTES
 from ..distributed import DIFFERS, UNVERIFIABLE, check_servers, plan_file
 from ._common import add_endpoint_arguments, emit, endpoints_from, probe_headers
 
@@ -41,7 +43,12 @@ def run(args: argparse.Namespace) -> int:
         if args.timeout is None and cfg.probe_timeout_s:
             timeout = httpx.Timeout(cfg.probe_timeout_s, connect=min(0.5, cfg.probe_timeout_s))
     headers = probe_headers(args.api_key)  # the key is never echoed into a :capacity/reason
-    answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout, load_tracked=load_tracked)
+    # over http.client: each probe's deadline holds every read (a trickling member cannot hold the command)
+    wire = default_sync_wire(headers, True, httpx.Limits(), PROBE_MAX_BYTES)
+    try:
+        answers = probe_endpoints(urls, backend or "auto", http=wire, timeout=timeout, load_tracked=load_tracked)
+    finally:
+        wire.close()
     for a in answers:
         emit(a.to_edn(), pretty_print=args.pretty)
     pool = merge_pool_capacity(answers, at=now_iso())
