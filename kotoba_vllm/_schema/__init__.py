@@ -23,7 +23,7 @@ from .._model import (CacheResetRequest, ChatRequest, Choice, ClassifyRequest, C
 from .._sampling import KNOBS_BY_ATTR, SAMPLING_TABLE
 from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
 from ..dialects import DIALECTS, Dialect
-from ..dialects._endpoints import EMBEDDING_OPTIONS
+from ..dialects._endpoints import OPTIONS
 from ..distributed._spec import KIND_TEXT, KOTODAMA_ALIASES, TABLES
 from ..pool import PoolConfig
 from ..server_config import FIELDS, READS
@@ -56,7 +56,7 @@ def engine(d: Dialect) -> dict[Any, Any]:
         kw("engine/routes"): {kw(ep): path for ep, path in d.routes.items()},
         kw("engine/models-path"): d.models_path,
         kw("engine/health-path"): d.health_path,
-        kw("engine/embedding-options"): sorted((kw(EMBEDDING_OPTIONS[a]) for a in d.embedding_options),
+        kw("engine/endpoint-options"): sorted((kw(OPTIONS[a][0]) for a in d.endpoint_options),
                                                 key=lambda k: k.name),
         kw("engine/sampling"): {kw(ep): sorted((kw(KNOBS_BY_ATTR[a].key) for a in attrs_),
                                                key=lambda k: k.name)
