@@ -5,6 +5,9 @@ engine's code). Written by `python -m kotoba_vllm._schema --write`; tests/test_s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import attrs
 
 from .._edn import kw, read_file
 from .._fields import BY_KEY, ENGINE_OWN, EXTRA_BODY, EXTRA_HEADERS, UNSUPPORTED, fields_on
@@ -35,7 +38,7 @@ def _routes(d: Dialect) -> list[str]:
     return out
 
 
-_SAMPLES = {"temperature": 0.5, "top_p": 0.5, "top_k": 5, "min_p": 0.1, "max_tokens": 5, "n": 1, "best_of": 2,
+_SAMPLES: dict[str, Any] = {"temperature": 0.5, "top_p": 0.5, "top_k": 5, "min_p": 0.1, "max_tokens": 5, "n": 1, "best_of": 2,
             "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop": "x", "seed": 1,
             "logprobs": 2, "guided_json": {"type": "object"}, "guided_regex": "a+", "guided_choice": ("a", "b")}
 
@@ -58,10 +61,9 @@ def _sampling(d: Dialect) -> list[str]:
         for ep, honoured in d.sampling_support.items():
             if attr not in honoured:
                 continue
-            extra = _SAMPLES.get(attr)
-            s = Sampling(**{attr: extra, **({"n": 2, "temperature": 1.0} if attr == "best_of" else {})})
-            added = _wire_keys(d, ep, s) - _wire_keys(d, ep, Sampling(**({"n": 2, "temperature": 1.0}
-                                                                         if attr == "best_of" else {})))
+            base = Sampling(n=2, temperature=1.0) if attr == "best_of" else Sampling()
+            s = attrs.evolve(base, **{attr: _SAMPLES.get(attr)})
+            added = _wire_keys(d, ep, s) - _wire_keys(d, ep, base)
             rows.setdefault(", ".join(f"`{k}`" for k in sorted(added)), []).append(ep)
         for wires, eps in rows.items():
             out.append(f"| `:{knob.key}` | {wires} | {', '.join(eps)} |")
