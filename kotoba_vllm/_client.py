@@ -15,11 +15,11 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, overload
 import attrs
 import httpx
 
-from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, MessagesInput, Plan,
-                           RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend,
-                           not_event_stream, streaming, transport_error)
+from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, SERVER_EXIT_WAIT_S, AsyncAttempt, Attempt, BaseClient,
+                           MessagesInput, Plan, RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend,
+                           may_resend, not_event_stream, streaming, transport_error)
 from ._edn import Edn, EdnMap
-from ._errors import KotobaError, ProtocolError
+from ._errors import KotobaError, ProtocolError, RequestTimeout, TransportError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
                      ModelsResponse, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from ._resend import MAX_RESENDS
@@ -28,6 +28,30 @@ from .dialects._http import decode_json
 from ._wire import Answer, AsyncWire, HttpxSyncWire, HttpxWire, SyncAnswer, SyncWire, default_sync_wire, default_wire
 
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
+
+
+def _why_gone(client: BaseClient, err: KotobaError) -> KotobaError:
+    """A transport failure against a server this caller started: its death (signal, log tail) when it died."""
+    server = client.managed_server
+    if server is None or not isinstance(err, TransportError) or isinstance(err, RequestTimeout):
+        return err
+    return _located(server.failure(SERVER_EXIT_WAIT_S), err)
+
+
+async def _awhy_gone(client: BaseClient, err: KotobaError) -> KotobaError:
+    """`_why_gone` without blocking the loop while a dying server is reaped."""
+    server = client.managed_server
+    if server is None or not isinstance(err, TransportError) or isinstance(err, RequestTimeout):
+        return err
+    died = server.failure() or await asyncio.to_thread(server.failure, SERVER_EXIT_WAIT_S)
+    return _located(died, err)
+
+
+def _located(died: KotobaError | None, err: KotobaError) -> KotobaError:
+    if died is None:
+        return err
+    died.endpoint = died.endpoint or err.endpoint
+    return died
 
 
 def _limits() -> httpx.Limits:
@@ -67,7 +91,7 @@ class Stream:
                     for event, data, wide in sse.payloads(chunk):
                         yield from run.on_data(data, event, wide)
             except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
+                raise _why_gone(self._client, transport_error(e, plan.url, self._timeout, run.partial_text)) from e
             self.response = run.on_end()
         finally:
             self._http.close()
@@ -130,7 +154,8 @@ class AsyncStream:
                         for d in run.on_data(data, event, wide):
                             yield d
             except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
+                raise await _awhy_gone(self._client, transport_error(e, plan.url, self._timeout,
+                                                                     run.partial_text)) from e
             self.response = run.on_end()
         finally:
             await self._http.aclose()
@@ -212,7 +237,7 @@ class Client(BaseClient):
                 if may_resend(e, attempt):
                     self.resends += 1
                     continue
-                raise transport_error(e, plan.url, timeout) from e
+                raise _why_gone(self, transport_error(e, plan.url, timeout)) from e
         raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
 
     def detect_backend(self, base_url: str | None = None) -> str:
@@ -278,7 +303,7 @@ class Client(BaseClient):
             try:
                 raw = r.read()
             except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, timeout) from e
+                raise _why_gone(self, transport_error(e, plan.url, timeout)) from e
             finally:
                 r.close()
             raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)
@@ -382,7 +407,7 @@ class AsyncClient(BaseClient):
                 if may_resend(e, attempt):
                     self.resends += 1
                     continue
-                raise transport_error(e, plan.url, timeout) from e
+                raise await _awhy_gone(self, transport_error(e, plan.url, timeout)) from e
         raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
 
     async def detect_backend(self, base_url: str | None = None) -> str:
@@ -445,7 +470,7 @@ class AsyncClient(BaseClient):
             try:
                 raw = await r.aread()
             except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, timeout) from e
+                raise await _awhy_gone(self, transport_error(e, plan.url, timeout)) from e
             finally:
                 await r.aclose()
             raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)

