@@ -2,11 +2,16 @@
 package and tests/typing/send_types.py: no errors anywhere, and every `reveal_type(...)` in the
 snippet reveals what the `# revealed:` comment on its line says (`client.send(ChatRequest(...))`
 is a `Response`, `send(TokenizeRequest(...))` a `TokenizeResponse`, the same for `AsyncClient`,
-`Pool` and `AsyncPool`). .ci/run also runs mypy on its own."""
+`Pool` and `AsyncPool`). .ci/run also runs mypy on its own. And the package type-checks as a checkout
+without the optional `fast` (orjson) and `ray` extras sees it: mypy run over an interpreter whose
+site-packages hold everything installed here except those two."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -72,3 +77,33 @@ def test_send_of_a_chat_request_is_a_response_for_every_client_kind(revealed: di
     for prefix in ("c.send(chat)", "await c.send(chat)", "p.send(chat)", "await p.send(chat)"):
         hits = [n for n, line in enumerate(lines, 1) if f"reveal_type({prefix})" in line]
         assert hits and all(revealed[n] == "kotoba_vllm._model.Response" for n in hits), prefix
+
+
+HIDDEN_EXTRAS = ("orjson", "ray")  # the `fast` and `ray` extras' top-level packages
+
+
+def site_packages_without(hidden: tuple[str, ...], venv: Path) -> Path:
+    """A venv (no pip) whose site-packages links every entry of this interpreter's except `hidden`'s."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    target = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 check=True, capture_output=True, text=True).stdout.strip())
+    source = Path(sysconfig.get_paths()["purelib"])
+    for entry in source.iterdir():
+        top = entry.name.split("-", 1)[0].split(".", 1)[0].lower()
+        if top not in hidden:
+            (target / entry.name).symlink_to(entry)
+    return python
+
+
+def test_the_package_type_checks_without_the_fast_and_ray_extras(tmp_path: Path) -> None:
+    python = site_packages_without(HIDDEN_EXTRAS, tmp_path / "venv")
+    probe = tmp_path / "extras_probe.py"  # proves the extras are hidden: an unresolved import is Any
+    probe.write_text("import orjson\nimport ray\nreveal_type(orjson.loads)\nreveal_type(ray.init)\n")
+    stdout, stderr, _ = mypy_api.run(["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir",
+                                      str(tmp_path / "mypy-cache"), "--python-executable", str(python),
+                                      str(probe), str(ROOT / "kotoba_vllm")])
+    out = stdout + stderr
+    assert out.count('Revealed type is "Any"') == 2, out
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert not errors, "mypy --strict without the fast and ray extras:\n" + "\n".join(errors)

@@ -1,5 +1,5 @@
 """Replay a cassette into the real `Client` / `AsyncClient`: through respx (no network) for
-httpx, through a real loopback server (`loopback.py`) for the async client's default wire.
+httpx, through a real loopback server (`_loopback.py`) for the async client's default wire.
 
 The mocked server answers with the recorded status, headers and the body chunk by chunk
 (boundaries kept, so a UTF-8 character split across reads reaches the SDK split).
@@ -117,7 +117,7 @@ def _drive_sync(c: Cassette, client: Client, base: str) -> Outcome:
 
 async def replay_async(c: Cassette, wire: str = "default") -> Outcome:
     """Replay into an `AsyncClient`: on its default wire (aiohttp) through a real loopback server
-    (`loopback.py`), or with `wire="httpx"` on an httpx client through respx, like `replay_sync`."""
+    (`_loopback.py`), or with `wire="httpx"` on an httpx client through respx, like `replay_sync`."""
     if wire == "httpx":
         router, route = _mock(c)
         with router:

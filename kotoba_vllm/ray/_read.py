@@ -99,7 +99,7 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
     def _meta(rows: int | None, size: int | None) -> Any:
         return BlockMetadata(num_rows=rows, size_bytes=size, exec_stats=None, input_files=(path,))
 
-    class RequestFile(Datasource):
+    class RequestFile(Datasource):  # type: ignore[misc, unused-ignore]  # Any without the ray extra
         def get_name(self) -> str:
             return f"Requests({kind})"
 
@@ -126,7 +126,7 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
                 first += n
             return tasks
 
-    return RequestFile()  # type: ignore[no-untyped-call]  # ray's Datasource.__init__ is untyped
+    return RequestFile()  # type: ignore[no-untyped-call, unused-ignore]  # ray's Datasource.__init__ is untyped
 
 
 def read_requests(path: str, fmt: str | None = None, *, block_rows: int = 256, skip: Any = None,

@@ -84,7 +84,7 @@ def records_datasink(directory: str, fmt: str) -> Any:
     if fmt not in FORMATS:
         raise ConfigError(f"output format must be one of {', '.join(FORMATS)}")
 
-    class RecordFiles(Datasink[list[dict[str, Any]]]):
+    class RecordFiles(Datasink[list[dict[str, Any]]]):  # type: ignore[misc, unused-ignore]  # Any without ray
         def __init__(self) -> None:
             self.stats: dict[str, Any] = {"outcomes": Counter(), "rows": 0, "sent": 0, "maybe_sent_twice": 0,
                                           "files": 0}
