@@ -13,6 +13,7 @@ import attrs
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword
+from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize",
@@ -23,7 +24,9 @@ BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
 # server-reported: every number is the server's own, as it sent it; computed: worked out here from the
 # server's numbers named in `computed_from`; client-measured: this client's clock; unavailable: nil numbers.
 PROVENANCES = ("server-reported", "computed", "client-measured", "unavailable")
-ENGINE_NAMESPACES = ("llamacpp", "sglang")
+# Where a request's engine fields live (`_fields.FIELDS`): the shared `:vllm/*` ones the table names,
+# vLLM-only `:vllm.engine/*`, and the engines' own namespaces.
+ENGINE_NAMESPACES = ("vllm", "vllm.engine", "llamacpp", "sglang")
 REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
 
@@ -95,8 +98,9 @@ class ChatRequest:
     tools: Edn = edn_field("vllm/tools", JSON)
     tool_choice: Edn = edn_field("vllm/tool-choice", JSON)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "chat"
 
 
@@ -110,8 +114,9 @@ class CompletionRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "completion"
 
 
@@ -125,8 +130,9 @@ class GenerateRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "generate"
 
 
@@ -139,8 +145,9 @@ class EmbeddingRequest:
     # :base64 answers are decoded to floats here: the typed answer is the same either way
     encoding_format: str | None = edn_field("vllm/encoding-format", KW("float", "base64"))
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "embedding"
@@ -153,8 +160,9 @@ class TokenizeRequest:
     model: str | None = edn_field("vllm/model", STR)
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "tokenize"
@@ -166,8 +174,9 @@ class DetokenizeRequest:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "detokenize"
@@ -199,6 +208,7 @@ class RerankRequest(_NotStreamed):
     top_n: int | None = edn_field("vllm/top-n", INT)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "rerank"
@@ -213,6 +223,7 @@ class ScoreRequest(_NotStreamed):
     text_2: str | tuple[str, ...] = edn_field("vllm/text-2", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "score"
@@ -226,6 +237,7 @@ class ClassifyRequest(_NotStreamed):
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "classify"
@@ -243,6 +255,7 @@ class PoolingRequest(_NotStreamed):
     task: str | None = edn_field("vllm/task", KW(*POOLING_TASKS))
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "pooling"
@@ -257,6 +270,7 @@ class LoraListRequest(_ControlCall):
     """The LoRA adapters the server holds (vLLM and SGLang: `/v1/models` entries with a parent; llama.cpp `GET /lora-adapters`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-list"
@@ -270,6 +284,7 @@ class LoraLoadRequest(_ControlCall):
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
     lora_path: str = edn_field("vllm/lora-path", STR, default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-load"
@@ -280,6 +295,7 @@ class LoraLoadRequest(_ControlCall):
 class LoraUnloadRequest(_ControlCall):
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-unload"
@@ -299,6 +315,7 @@ class LoraScaleRequest(_ControlCall):
 
     adapters: tuple[LoraScale, ...] = edn_field("vllm/adapters", MANY(NESTED(LoraScale)), default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-scale"
@@ -310,6 +327,7 @@ class CacheResetRequest(_ControlCall):
     """Drop the whole prefix cache (vLLM `/reset_prefix_cache`, SGLang `/flush_cache`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "cache-reset"
@@ -328,6 +346,7 @@ class SlotRequest(_ControlCall):
     slot_id: int = edn_field("vllm/slot-id", INT, default=REQUIRED)
     filename: str | None = edn_field("vllm/filename", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "slot"
@@ -421,6 +440,7 @@ class Response:
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
     created: int | None = edn_field("vllm/created", INT)
     system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
     extras: dict[str, Edn] = extras_field(RESPONSE_EXTRA_NS)

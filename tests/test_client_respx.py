@@ -22,6 +22,7 @@ from kotoba_vllm import (AdmissionRejected, AsyncClient, BadRequest, Client, Not
                          RequestTimeout, StreamBroken, TransportError, Unreachable, ValidationError)
 from kotoba_vllm._base_client import Attempt, may_resend
 from kotoba_vllm._resend import AttemptEvidence
+from kotoba_vllm._wire import from_httpx
 from kotoba_vllm._edn import dumps, kw, read_all, read_one
 from kotoba_vllm._errors import KotobaError
 
@@ -524,17 +525,20 @@ def _attempt(*events: str) -> Attempt:
 
 
 def test_may_resend_only_for_a_reused_connection_before_any_response_byte() -> None:
-    stale = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+    def seam(e: Exception) -> Any:  # a caller's httpx failure, in our words once (the httpx wires do this)
+        return from_httpx(e, CHAT_URL, httpx.Timeout(5.0))
+
+    stale = seam(httpx.RemoteProtocolError("Server disconnected without sending a response."))
     reused_no_reply = _attempt("http11.send_request_headers.started", "http11.receive_response_headers.started")
     assert may_resend(stale, reused_no_reply) is True
-    assert may_resend(httpx.ReadError("reset"), reused_no_reply) is True
+    assert may_resend(seam(httpx.ReadError("reset")), reused_no_reply) is True
     # a fresh connection that failed: the server may have read the request
     assert may_resend(stale, _attempt("connection.connect_tcp.started", "connection.connect_tcp.complete")) is False
     # any response byte means the server answered: never resend
     assert may_resend(stale, _attempt("http11.receive_response_headers.complete")) is False
     # timeouts and refusals are not stale connections
-    assert may_resend(httpx.ReadTimeout("slow"), reused_no_reply) is False
-    assert may_resend(httpx.ConnectError("refused"), reused_no_reply) is False
+    assert may_resend(seam(httpx.ReadTimeout("slow")), reused_no_reply) is False
+    assert may_resend(seam(httpx.ConnectError("refused")), reused_no_reply) is False
     # no trace events: nothing is known, and unknown never resends
     assert may_resend(stale, _attempt()) is False
     assert may_resend(stale, None) is False
@@ -549,15 +553,16 @@ def test_a_transport_reports_evidence_through_the_neutral_interface() -> None:
     ev = AttemptEvidence()
     assert not rule(connection_failed=True, evidence=ev)  # nothing reported
     ev.connection(reused=True)
-    ev.awaiting_response()
+    ev.response(seen=False)
     assert rule(connection_failed=True, evidence=ev)
     assert not rule(connection_failed=False, evidence=ev)  # a timeout, a refusal, an HTTP answer
-    ev.response_started()
+    ev.response(seen=True)
+    ev.response(seen=False)  # a byte that arrived stays arrived
     assert not rule(connection_failed=True, evidence=ev)  # the server answered: never again
     fresh = AttemptEvidence()
     fresh.connection(reused=False)
     fresh.connection(reused=True)  # the first connection of the attempt is the one that counts
-    fresh.awaiting_response()
+    fresh.response(seen=False)
     assert not rule(connection_failed=True, evidence=fresh)
 
 

@@ -70,7 +70,7 @@ def test_llamacpp_reports_context_per_slot_and_total_from_its_own_answers() -> N
     assert field(cfg, "served-name")[1:] == ("/v1/models", ("data", 0, "id"))
     assert field(cfg, "context-train")[0] == 2048
     assert field(cfg, "quantization")[0] == "all F32"
-    assert field(cfg, "speculative-algorithm")[0] == "none"
+    assert field(cfg, "speculative-algorithm") == ("none", "/slots", (0, "params", "speculative.types"))
     assert field(cfg, "speculative?")[0] is False
     assert field(cfg, "sleeping?")[0] is False
     assert cfg.value("modalities") == {kw("vision"): False, kw("video"): False, kw("audio"): False}

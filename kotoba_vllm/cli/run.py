@@ -123,7 +123,8 @@ class _LocalOnDemand:
 def _make_client(args: argparse.Namespace, urls: list[str]) -> AsyncClient | AsyncPool:
     """One AsyncClient, or an AsyncPool (early admission over every member) when several
     URLs or a pool file are given; both have the same send/stream."""
-    kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout}
+    # --timeout bounds each phase and the whole request (the client's deadline, `RequestTimeout(phase="total")`)
+    kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout, "deadline": args.timeout}
     if len(urls) > 1 or args.pool:
         if args.capacity_interval is not None:  # the flag wins over the pool file
             kwargs["capacity_interval_s"] = args.capacity_interval

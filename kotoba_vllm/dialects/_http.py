@@ -17,15 +17,20 @@ from .._errors import AdmissionRejected, BadRequest, NotReady, ServerError, Serv
 
 @attrs.frozen
 class HttpRequest:
-    """What goes on the wire: method, path, JSON body (None for GET), and whether it streams."""
+    """What goes on the wire: method, path, JSON body (None for GET), whether it streams, and the
+    request's own headers (its id, a pass-through) on top of the client's."""
 
     method: str
     path: str
     body: dict[str, Any] | None = None
     stream: bool = False
+    headers: dict[str, str] | None = None
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "body": self.body}
+        out = {"method": self.method, "path": self.path, "body": self.body}
+        if self.headers:
+            out["headers"] = self.headers
+        return out
 
     def to_edn(self) -> dict[Keyword, Any]:
         out: dict[Keyword, Any] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
@@ -33,6 +38,8 @@ class HttpRequest:
             out[kw("http/body")] = json_to_edn(self.body)
         if self.stream:
             out[kw("http/stream?")] = True
+        if self.headers:
+            out[kw("http/headers")] = dict(self.headers)
         return out
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from .._codec import edn_to_json, json_to_edn
+from .._fields import render_fields
+from .._codec import json_to_edn
 from .._errors import ProtocolError, ValidationError
 from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
                       TokenizeRequest, Usage)
@@ -93,19 +94,6 @@ class LlamacppDialect(Dialect):
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {
         "chat": LLAMACPP_SAMPLING, "completion": LLAMACPP_SAMPLING, "generate": LLAMACPP_SAMPLING}
     wire_names: ClassVar[dict[str, dict[str, str]]] = {"chat": RENAMES, "completion": RENAMES}
-    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {
-        "llamacpp/cache-prompt": ("cache_prompt", ALL_ROUTES),
-        "llamacpp/id-slot": ("id_slot", ALL_ROUTES),
-        "llamacpp/grammar": ("grammar", ALL_ROUTES),
-        "llamacpp/n-keep": ("n_keep", ALL_ROUTES),
-        "llamacpp/n-probs": ("n_probs", frozenset({"generate"})),
-        "llamacpp/return-tokens": ("return_tokens", frozenset({"generate"})),
-        "llamacpp/timings-per-token": ("timings_per_token", ALL_ROUTES),
-        "llamacpp/typical-p": ("typical_p", ALL_ROUTES),
-        "llamacpp/mirostat": ("mirostat", ALL_ROUTES),
-        "llamacpp/samplers": ("samplers", ALL_ROUTES),
-    }
-
     def problems(self, req: Request) -> list[Problem]:
         out = super().problems(req)
         s: Sampling | None = getattr(req, "sampling", None)
@@ -152,8 +140,8 @@ class LlamacppDialect(Dialect):
             grammar = structured_grammar(s)
             if grammar is not None:
                 body["grammar"] = grammar
-        for key, value in req.extras.items():
-            body[self.extras[key][0]] = edn_to_json(value)
+        if req.extras:
+            render_fields(self.name, "generate", req.extras, body)
         if req.stream:
             body["stream"] = True
         return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))

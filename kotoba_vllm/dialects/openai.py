@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, ClassVar
 
+import attrs
+
+from .._fields import EXTRA_BODY, engine_problems, extra_headers, fields_on, merge_extra_body, render_fields
 from .._codec import edn_to_json, json_to_edn
-from .._errors import ProtocolError
+from .._errors import ProtocolError, ValidationError
 from .._memo import BoundedMemo
 from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                       EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
@@ -43,9 +46,10 @@ class Dialect:
         "chat": OPENAI_SAMPLING, "completion": OPENAI_SAMPLING - {"guided_json"}}
     # sampling attr -> wire name, where this engine's name differs from the OpenAI one
     wire_names: ClassVar[dict[str, dict[str, str]]] = {}
-    # engine extras this dialect accepts: EDN key name -> (wire name, endpoints)
-    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {}
     streams_usage: ClassVar[bool] = True  # send stream_options.include_usage
+    # where the request id goes: a body field (vLLM `request_id`, SGLang `rid`) and/or the X-Request-Id header
+    request_id_field: ClassVar[str | None] = None
+    request_id_header: ClassVar[bool] = True
     # /v1/embeddings options this engine applies (OpenAI's own API has both)
     embedding_options: ClassVar[frozenset[str]] = frozenset({"dimensions", "encoding_format"})
     # endpoints whose 2xx answer may be text, or nothing, rather than JSON
@@ -72,20 +76,51 @@ class Dialect:
                                        field=knob.key, engine=self.name))
             if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
                 _SUPPORTED.keep((self, id(sampling), ep), sampling)
-        for key in req.extras:
-            spec = self.extras.get(key)
-            if spec is None or ep not in spec[1]:
-                out.append(Problem("error", "engine/unsupported", f":{key} is not a {self.name} option on the {ep} "
-                                   f"route", field=key, engine=self.name))
+        if req.extras:
+            out.extend(engine_problems(self.name, ep, req.extras))
+            if EXTRA_BODY in req.extras and not any(p.is_error for p in out):
+                out.extend(Problem("error", "request/pass-through", f":{EXTRA_BODY} {k!r} would replace the "
+                                   f"{k!r} the SDK renders for {self.name}; set it with its own key instead",
+                                   field=EXTRA_BODY, engine=self.name)
+                           for k in self._clashes(req))
         return out
+
+    def _clashes(self, req: Request) -> list[str]:
+        body = self.render_core(req)
+        if body.body is None:
+            return []
+        return merge_extra_body(req.extras, dict(body.body), *self.sampling_params_of(body))
 
     # ------------------------------------------------------------ rendering
 
     def render(self, req: Request) -> HttpRequest:
+        """The request on this engine's wire: the route, the JSON body with every field rendered, the
+        pass-through merged (never over a rendered key) and the request's own headers."""
+        http = self.render_core(req)
+        if req.request_id is not None or req.extras:
+            headers = extra_headers(req.extras) if req.extras else {}
+            if req.request_id is not None and self.request_id_header:
+                headers["x-request-id"] = str(req.request_id)
+            if EXTRA_BODY in req.extras and http.body is not None:
+                clashes = merge_extra_body(req.extras, http.body, *self.sampling_params_of(http))
+                if clashes:
+                    raise ValidationError([Problem("error", "request/pass-through", f":{EXTRA_BODY} {k!r} "
+                                                   f"would replace the {k!r} the SDK renders", field=EXTRA_BODY,
+                                                   engine=self.name) for k in clashes])
+            if headers:
+                http = attrs.evolve(http, headers=headers)
+        return http
+
+    def sampling_params_of(self, http: HttpRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
+        """Where pass-through sampling keys go on this route (SGLang `/generate`: `sampling_params`), and their names."""
+        return None, frozenset()
+
+    def render_core(self, req: Request) -> HttpRequest:
         ep = req.endpoint
         path = self.routes[ep]
         if ep in ENDPOINTS_HERE:
-            return render_endpoint(req, self.routes, self.extras)
+            return render_endpoint(req, self.routes, {k: (o.wire, o.routes) for k, (_, o) in
+                                                      fields_on(self.name).items()})
         body: dict[str, Any] = {}
         if req.model is not None:
             body["model"] = req.model
@@ -112,12 +147,14 @@ class Dialect:
         stream = bool(req.stream)
         if req.sampling is not None:
             body.update(self.sampling_body(req.sampling, ep))
-        for key, value in req.extras.items():
-            body[self.extras[key][0]] = edn_to_json(value)
         if stream:
             body["stream"] = True
             if self.streams_usage:
                 body["stream_options"] = {"include_usage": True}
+        if req.request_id is not None and self.request_id_field is not None:
+            body[self.request_id_field] = str(req.request_id)
+        if req.extras:
+            render_fields(self.name, ep, req.extras, body)
         return HttpRequest("POST", path, body, stream)
 
     def render_message(self, m: Message) -> dict[str, Any]:

