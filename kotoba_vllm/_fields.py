@@ -431,6 +431,12 @@ def engine_problems(engine: str, route: str, extras: Mapping[str, Edn]) -> list[
             out.append(_problem("engine/unsupported", key, f":{key} is not a {engine} field on the {route} route "
                                 f"(taken by: {takes}); it would be ignored or rejected", engine))
     if engine == "vllm":
+        if extras.get("vllm/priority") not in (None, 0):
+            # vLLM 0.32.0/0.33.0 refuse nothing here (their field text says they would): under the default
+            # fcfs policy the priority is accepted and has no effect
+            out.append(Problem("warn", "engine/ignored", ":vllm/priority orders requests only on a vLLM started "
+                               "with --scheduling-policy priority; under the default fcfs it is accepted and "
+                               "ignored", field="vllm/priority", engine=engine))
         salt = extras.get("vllm/cache-salt")
         if type(salt) is str and (not salt or len(salt) > 128 or any(c in salt for c in "@/\\\0")):
             out.append(_problem("engine/value", "vllm/cache-salt", "vLLM takes a :vllm/cache-salt of 1 to 128 "

@@ -44,6 +44,8 @@ def _err_obj(obj: Any) -> dict[str, Any] | None:
         return {"message": obj["error"]}
     if obj.get("object") == "error":
         return obj
+    if obj.get("success") is False and isinstance(obj.get("error_message"), str):  # SGLang's LoRA answers
+        return {"message": obj["error_message"]}
     return None
 
 

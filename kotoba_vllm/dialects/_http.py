@@ -74,6 +74,8 @@ def error_object(body: Any) -> dict[str, Any] | None:
         return {"message": err}
     if body.get("object") == "error":
         return body
+    if body.get("success") is False and isinstance(body.get("error_message"), str):  # SGLang's control answers
+        return {"message": body["error_message"]}
     if "detail" in body and len(body) <= 2:
         detail = body["detail"]
         return {"message": detail if isinstance(detail, str) else json.dumps(detail)}

@@ -50,8 +50,8 @@ class Dialect:
     # where the request id goes: a body field (vLLM `request_id`, SGLang `rid`) and/or the X-Request-Id header
     request_id_field: ClassVar[str | None] = None
     request_id_header: ClassVar[bool] = True
-    # /v1/embeddings options this engine applies (OpenAI's own API has both)
-    embedding_options: ClassVar[frozenset[str]] = frozenset({"dimensions", "encoding_format"})
+    # options of the pooling endpoints this engine applies (`_endpoints.OPTIONS`; OpenAI's embeddings have both)
+    endpoint_options: ClassVar[frozenset[str]] = frozenset({"dimensions", "encoding_format", "top_n"})
     # endpoints whose 2xx answer may be text, or nothing, rather than JSON
     text_answers: ClassVar[frozenset[str]] = CONTROL_ENDPOINTS
 
@@ -64,7 +64,7 @@ class Dialect:
             out.append(endpoint_refusal(self.name, ep))
             return out
         if ep in ENDPOINTS_HERE or ep == "embedding":
-            out.extend(option_problems(self.name, req, self.embedding_options))
+            out.extend(option_problems(self.name, req, self.endpoint_options))
         sampling: Sampling | None = getattr(req, "sampling", None)
         supported = self.sampling_support.get(ep, frozenset())
         if sampling is not None and _SUPPORTED.get((self, id(sampling), ep)) is not sampling:
