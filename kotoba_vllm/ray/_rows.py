@@ -35,9 +35,12 @@ COLUMNS: dict[str, str] = {
     "decode_tokens": "int64", "decode_ms": "float64", "decode_tokens_per_s": "float64",
     "decode_provenance": "string",
     "sent": "bool", "maybe_sent_twice": "bool", "record": "string",
+    # the run-batch JSONL line `run -o x.jsonl` writes for it (made when the output is JSONL, else null)
+    "batch_line": "string",
 }
 _BATCH_LINE_KEYS = ("custom_id", "method", "url", "body")
 _RECORDER = Recorder("edn")
+_LINES = Recorder("jsonl")
 
 
 def _drop_nulls(v: Any) -> Any:
@@ -163,9 +166,25 @@ def invalid_columns(e: BatchEntry) -> dict[str, Any]:
     return out
 
 
+def batch_line(e: BatchEntry, outcome: Any) -> str:
+    """The run-batch JSONL line `run` writes for `e`: `outcome` is the response, the typed error, or None
+    (invalid: nothing was sent)."""
+    if outcome is None:
+        return _LINES.invalid(e)[-1]
+    if isinstance(outcome, KotobaError):
+        return _LINES.failed(e, outcome)[-1]
+    return _LINES.ok(e, outcome, [])[-1]
+
+
 def flag_maybe_sent_twice(cols: dict[str, Any]) -> dict[str, Any]:
     """Mark a record whose request an earlier attempt may already have delivered. The record is the text
-    of one EDN map, so the key goes in front of its first key."""
+    of one EDN map, so the key goes in front of its first key; the batch line says it in its `kotoba` object."""
     rec = cols["record"]
     assert isinstance(rec, str) and rec.startswith("{")
-    return {**cols, "maybe_sent_twice": True, "record": "{:vllm/maybe-sent-twice true " + rec[1:].lstrip()}
+    out = {**cols, "maybe_sent_twice": True, "record": "{:vllm/maybe-sent-twice true " + rec[1:].lstrip()}
+    line = cols.get("batch_line")
+    if isinstance(line, str):
+        obj = json.loads(line)
+        obj["kotoba"]["maybe_sent_twice"] = True
+        out["batch_line"] = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str)
+    return out
