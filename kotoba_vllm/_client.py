@@ -265,6 +265,7 @@ class Client(BaseClient, EndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
                 raise
         raise lost(plan.url, "every pooled connection was stale")
@@ -483,6 +484,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
                 raise
         raise lost(plan.url, "every pooled connection was stale")
