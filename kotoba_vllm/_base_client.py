@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Iterator, Mapping, TypeVar, Union
+from typing import Any, Iterable, Iterator, Mapping, Protocol, TypeVar, Union
 
 import attrs
 import httpx
@@ -539,6 +539,17 @@ def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream:
                        tool_choice=split.attrs.get("tool_choice"), request_id=split.attrs.get("request_id"))
 
 
+class ManagedServer(Protocol):
+    """A server process this caller started (`kotoba_vllm.local.LlamaServer`): asked, after a transport
+    failure, whether it died, so the call raises why (a signal, an exit status) instead."""
+
+    def failure(self, wait_s: float = 0.0) -> KotobaError | None: ...
+
+
+# A killed server's sockets close just before it can be reaped: how long a failed call waits to learn why.
+SERVER_EXIT_WAIT_S = 1.0
+
+
 class BaseClient:
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
@@ -566,6 +577,7 @@ class BaseClient:
         self._has_key = "authorization" in self._headers  # a caller's own http client may carry one (subclasses)
         self._urls: dict[str, httpx.URL] = {}  # see `_url`
         self.resends = 0  # requests sent again after a stale keep-alive connection (see `_resend`)
+        self.managed_server: ManagedServer | None = None  # see `ManagedServer`; set by `LlamaServer.client()`
 
     def __repr__(self) -> str:  # the key is never shown
         key = ", api_key=<set>" if self.__api_key else ""
@@ -682,8 +694,9 @@ class BaseClient:
 
     @staticmethod
     def detection_fatal(e: TransportError) -> bool:
-        """A detection probe that failed this way ends detection: the server cannot be reached at all."""
-        return isinstance(e, Unreachable) or (isinstance(e, RequestTimeout) and e.phase == "connect")
+        """A detection probe that failed this way ends detection: the server cannot be reached at all, or
+        detection's own deadline (`DETECT_DEADLINE_S`, every probe together) has passed."""
+        return isinstance(e, Unreachable) or (isinstance(e, RequestTimeout) and e.phase in ("connect", "total"))
 
     def _timeout_for(self, timeout: float | httpx.Timeout | None) -> httpx.Timeout:
         if timeout is None:

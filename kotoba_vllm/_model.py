@@ -21,7 +21,9 @@ ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detoken
              "rerank", "score", "classify", "pooling",
              "lora-list", "lora-load", "lora-unload", "lora-scale", "cache-reset", "slot")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
-PROVENANCES = ("server-reported", "client-measured", "unavailable")
+# server-reported: every number is the server's own, as it sent it; computed: worked out here from the
+# server's numbers named in `computed_from`; client-measured: this client's clock; unavailable: nil numbers.
+PROVENANCES = ("server-reported", "computed", "client-measured", "unavailable")
 # Where a request's engine fields live (`_fields.FIELDS`): the shared `:vllm/*` ones the table names,
 # vLLM-only `:vllm.engine/*`, and the engines' own namespaces.
 ENGINE_NAMESPACES = ("vllm", "vllm.engine", "llamacpp", "sglang")
@@ -387,6 +389,8 @@ class Figure:
     ms: float | None = edn_field("vllm/ms", NUM)
     tokens_per_s: float | None = edn_field("vllm/tokens-per-s", NUM)
     gaps_ms: tuple[float, ...] | None = edn_field("vllm/gaps-ms", MANY(NUM))
+    # provenance :computed: the server's fields the numbers were worked out from (e.g. "usage.prompt_tokens")
+    computed_from: tuple[str, ...] | None = edn_field("vllm/computed-from", MANY(STR))
 
 
 UNAVAILABLE = Figure()

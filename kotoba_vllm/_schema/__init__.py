@@ -28,6 +28,7 @@ from ..distributed._spec import KIND_TEXT, KOTODAMA_ALIASES, TABLES
 from ..pool import PoolConfig
 from ..server_config import FIELDS, READS
 from . import _samples
+from ._engine_docs import DOCS_DIR, engine_docs
 from ._observed import observe
 from ._typed import codec_shapes, kind_shapes
 
@@ -179,8 +180,11 @@ def rendered() -> dict[str, str]:
     return files
 
 
-def write(root: Path = SCHEMA_DIR) -> None:
+def write(root: Path = SCHEMA_DIR, docs: Path = DOCS_DIR) -> None:
     for rel, text in rendered().items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    docs.mkdir(parents=True, exist_ok=True)
+    for rel, text in engine_docs().items():
+        (docs / rel).write_text(text, encoding="utf-8")

@@ -240,9 +240,12 @@ def _custom_id(entry: BatchEntry) -> str:
 
 
 def output_line(entry: BatchEntry, result: Any = None, error: KotobaError | None = None,
-                problems: tuple[Problem, ...] | None = None) -> str:
-    """One output line: a response, a typed error, or validation problems (nothing sent)."""
+                problems: tuple[Problem, ...] | None = None, attempts: list[dict[Keyword, Any]] | None = None) -> str:
+    """One output line: a response, a typed error, or validation problems (nothing sent); `attempts`: every
+    attempt of a request rejected at admission and sent again (`kotoba.attempts`)."""
     kotoba: dict[str, Any] = {"request_index": entry.index, "where": entry.where}
+    if attempts is not None:
+        kotoba["attempts"] = edn_to_json(attempts)
     response: dict[str, Any] | None = None
     err: dict[str, Any] | None = None
     if problems is not None:
