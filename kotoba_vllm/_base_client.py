@@ -697,8 +697,9 @@ class BaseClient:
 
     @staticmethod
     def detection_fatal(e: TransportError) -> bool:
-        """A detection probe that failed this way ends detection: the server cannot be reached at all."""
-        return isinstance(e, Unreachable) or (isinstance(e, RequestTimeout) and e.phase == "connect")
+        """A detection probe that failed this way ends detection: the server cannot be reached at all, or
+        detection's own deadline (`DETECT_DEADLINE_S`, every probe together) has passed."""
+        return isinstance(e, Unreachable) or (isinstance(e, RequestTimeout) and e.phase in ("connect", "total"))
 
     def _timeout_for(self, timeout: float | httpx.Timeout | None) -> httpx.Timeout:
         if timeout is None:
