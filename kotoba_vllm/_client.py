@@ -288,6 +288,7 @@ class Client(BaseClient, EndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
                 died = _death(self, e)
                 if died is not None:
@@ -303,10 +304,11 @@ class Client(BaseClient, EndpointCalls):
         if base in self._detected:
             return self._detected[base]
         found = "openai"
+        until = time.monotonic() + DETECT_DEADLINE_S  # the whole detection, every probe in it
         for path, _ in DETECTION_PROBES:
             try:
                 r = self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT, withhold_key=self._key_withheld(base),
-                                    deadline_s=DETECT_DEADLINE_S, max_bytes=self.probe_max_bytes)
+                                    deadline_s=max(until - time.monotonic(), 0.001), max_bytes=self.probe_max_bytes)
             except TransportError as e:
                 if self.detection_fatal(e):
                     raise
@@ -509,6 +511,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
                 died = await _adeath(self, e)
                 if died is not None:
@@ -523,12 +526,13 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         if base in self._detected:
             return self._detected[base]
         found = "openai"
+        until = time.monotonic() + DETECT_DEADLINE_S  # the whole detection, every probe in it
         for path, _ in DETECTION_PROBES:
             try:
                 r = await self._bounded(self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT,
                                                         withhold_key=self._key_withheld(base),
                                                         max_bytes=self.probe_max_bytes),
-                                        DETECT_DEADLINE_S, base + path)
+                                        max(until - time.monotonic(), 0.001), base + path)
             except TransportError as e:
                 if self.detection_fatal(e):
                     raise

@@ -108,6 +108,12 @@ def vllm_url(vllm_engine: object) -> str:
 
 
 @pytest.fixture(scope="session")
+def vllm_pooling(vllm_engines: object) -> object:
+    """The tiny model as a one-label classifier with runtime LoRA and dev mode (CONFIGS["pooling"])."""
+    return _vllm(vllm_engines, "pooling")
+
+
+@pytest.fixture(scope="session")
 def vllm_admission(vllm_engines: object) -> object:
     """The real engine with `--max-num-seqs 1 --max-num-queued-reqs 1`: its own 503 engine-busy admission."""
     return _vllm(vllm_engines, "admission")
