@@ -32,7 +32,7 @@ from ._timings import ClientClock
 from ._validate import send_problems
 from ._wire_core import DEFAULT_MAX_BYTES, PROBE_MAX_BYTES, too_large
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
-from .dialects._http import decode_json, may_hold_wide_int, stream_error
+from .dialects._http import decode_json, decode_json_refusing_wide_ints, may_hold_wide_int, stream_error
 
 RequestInput = Union[Request, EdnMap]
 """What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
@@ -662,13 +662,16 @@ class BaseClient:
         if status >= 300:
             raise self._http_error(status, raw, headers, plan)
         obj = decode_json(raw)
+        refused: list[str] = []
+        if obj is None:
+            obj, refused = decode_json_refusing_wide_ints(raw)
         if obj is None:
             if plan.request.endpoint not in plan.dialect.text_answers:
                 raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
             obj = raw.decode("utf-8", "replace")  # a control call's answer in words (vLLM, SGLang), or none
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
-            return with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"),
+            resp = with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"),
                                   plan.sends)
         except KotobaError as e:
             e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
@@ -676,6 +679,9 @@ class BaseClient:
         except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
             raise ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
                                 endpoint=plan.url) from None
+        if refused and isinstance(getattr(resp, "extras", None), dict):
+            resp.extras["kotoba/refused"] = refused  # type: ignore[union-attr]  # which fields were dropped, and why
+        return resp
 
     def _url(self, url: str) -> httpx.URL:
         """The parsed URL, cached: parsing a URL string costs as much as the rest of building a request."""

@@ -428,7 +428,7 @@ class Choice:
     logprobs: Edn = edn_field("vllm/logprobs", JSON)
 
 
-RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool")
+RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool", "kotoba")
 
 
 @register
