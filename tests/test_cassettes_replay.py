@@ -64,7 +64,9 @@ def test_corpus_size_and_provenance() -> None:
             assert prov.get(key) not in (None, ""), f"{c.id}: provenance lacks :{key}"
         # llama.cpp runs here; SGLang's real serving layer runs with its scheduler faked (scripts/record-sglang);
         # vLLM's with its engine core faked (scripts/record-vllm), and each says what was simulated.
-        if c.engine == "vllm":
+        if c.engine == "vllm" and prov["cassette/engine-version"] == "0.32.0":  # vLLM's real CPU engine
+            assert c.how == "recorded" and "real CPU engine" in prov["cassette/source"], c.id
+        elif c.engine == "vllm":
             assert c.how == "recorded" and prov.get("cassette/simulated"), f"{c.id}: name what was simulated"
             assert prov["cassette/engine-version"] == "0.33.0", c.id
         if c.engine == "llamacpp":
