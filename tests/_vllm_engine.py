@@ -41,6 +41,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kotoba_vllm.cassettes._endpoint_sets import VLLM_POOLING_ENV, VLLM_POOLING_FLAGS
 from kotoba_vllm.local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,12 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     "default": ("--max-num-seqs", "4",
                 "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'),
     "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "1"),
+    # The tiny llama as a one-label sequence classifier: vLLM's own /rerank, /score, /classify, /pooling;
+    # runtime LoRA loading and /reset_prefix_cache (CONFIG_ENV). Flags: kotoba_vllm/cassettes/_endpoint_sets.py.
+    "pooling": VLLM_POOLING_FLAGS,
 }
+# name -> extra environment for that configuration only
+CONFIG_ENV: dict[str, dict[str, str]] = {"pooling": VLLM_POOLING_ENV}
 # One OpenMP thread: with two (nobind's default, one per core) a loaded 2-core machine spins them,
 # measured here side by side under load ~12: 6 tokens/s with two threads, 158-397 with one.
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
@@ -114,7 +120,7 @@ class VllmEngine:
         self._t0 = time.monotonic()
         # Its own session: vLLM forks an engine-core process, and stop() must end both.
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **ENGINE_ENV}, start_new_session=True, cwd=model_dir.parent)
+                                     env={**os.environ, **ENGINE_ENV, **CONFIG_ENV.get(name, {})}, start_new_session=True, cwd=model_dir.parent)
 
     @property
     def server_flags(self) -> str:
