@@ -15,13 +15,14 @@ from typing import Any, AsyncIterator, Awaitable, Iterable, Iterator, Mapping, T
 import attrs
 import httpx
 
-from ._base_client import (DETECT_DEADLINE_S, DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient,
-                           DeadlineArg, MessagesInput, Plan, RequestInput, SseDecoder, StreamRun, TimeoutArg,
-                           answer_error, broken_stream, decide_backend, may_resend, not_event_stream, streaming)
+from ._base_client import (DETECT_DEADLINE_S, DETECT_TIMEOUT, DETECTION_PROBES, SERVER_EXIT_WAIT_S, AsyncAttempt,
+                           Attempt, BaseClient, DeadlineArg, MessagesInput, Plan, RequestInput, SseDecoder, StreamRun,
+                           TimeoutArg, answer_error, broken_stream, decide_backend, may_resend, not_event_stream,
+                           streaming)
 from ._deadlines import Deadlines, Watch, expired
 from ._edn import Edn, EdnMap
 from ._endpoint_calls import R, AsyncEndpointCalls, EndpointCalls, checked, embedding_request
-from ._errors import KotobaError, ProtocolError, TransportError
+from ._errors import KotobaError, ProtocolError, RequestTimeout, TransportError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
                      ModelsResponse, Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from ._resend import MAX_RESENDS
@@ -38,6 +39,28 @@ _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, 
 def _limits() -> httpx.Limits:
     return httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=5.0)
 
+
+
+def _death(client: BaseClient, err: TransportError) -> KotobaError | None:
+    """After a transport failure against a server this caller started: why it died (signal, log tail), if it did."""
+    server = client.managed_server
+    if server is None or isinstance(err, RequestTimeout):
+        return None
+    return _located(server.failure(SERVER_EXIT_WAIT_S), err)
+
+
+async def _adeath(client: BaseClient, err: TransportError) -> KotobaError | None:
+    """`_death` without blocking the loop while a dying server is reaped."""
+    server = client.managed_server
+    if server is None or isinstance(err, RequestTimeout):
+        return None
+    return _located(server.failure() or await asyncio.to_thread(server.failure, SERVER_EXIT_WAIT_S), err)
+
+
+def _located(died: KotobaError | None, err: KotobaError) -> KotobaError | None:
+    if died is not None:
+        died.endpoint = died.endpoint or err.endpoint
+    return died
 
 class Stream:
     """A streamed answer: iterate for `StreamDelta`s; `.response` is the assembled answer after the end.
@@ -81,7 +104,7 @@ class Stream:
                         else:
                             http.deadline(until, "total", self._deadline_s)
             except TransportError as e:
-                raise broken_stream(e, plan.url, run.partial_text) from e
+                raise (_death(self._client, e) or broken_stream(e, plan.url, run.partial_text)) from e
             self.response = run.on_end()
         finally:
             self._http.close()
@@ -176,7 +199,7 @@ class AsyncStream:
                     if watch is not None:
                         deadlines.disarm(watch)
             except TransportError as e:
-                raise broken_stream(e, plan.url, run.partial_text) from e
+                raise (await _adeath(self._client, e) or broken_stream(e, plan.url, run.partial_text)) from e
             self.response = run.on_end()
         finally:
             await self._http.aclose()
@@ -265,7 +288,11 @@ class Client(BaseClient, EndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
+                died = _death(self, e)
+                if died is not None:
+                    raise died from e
                 raise
         raise lost(plan.url, "every pooled connection was stale")
 
@@ -277,10 +304,11 @@ class Client(BaseClient, EndpointCalls):
         if base in self._detected:
             return self._detected[base]
         found = "openai"
+        until = time.monotonic() + DETECT_DEADLINE_S  # the whole detection, every probe in it
         for path, _ in DETECTION_PROBES:
             try:
                 r = self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT, withhold_key=self._key_withheld(base),
-                                    deadline_s=DETECT_DEADLINE_S, max_bytes=self.probe_max_bytes)
+                                    deadline_s=max(until - time.monotonic(), 0.001), max_bytes=self.probe_max_bytes)
             except TransportError as e:
                 if self.detection_fatal(e):
                     raise
@@ -483,7 +511,11 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
+                died = await _adeath(self, e)
+                if died is not None:
+                    raise died from e
                 raise
         raise lost(plan.url, "every pooled connection was stale")
 
@@ -494,12 +526,13 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         if base in self._detected:
             return self._detected[base]
         found = "openai"
+        until = time.monotonic() + DETECT_DEADLINE_S  # the whole detection, every probe in it
         for path, _ in DETECTION_PROBES:
             try:
                 r = await self._bounded(self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT,
                                                         withhold_key=self._key_withheld(base),
                                                         max_bytes=self.probe_max_bytes),
-                                        DETECT_DEADLINE_S, base + path)
+                                        max(until - time.monotonic(), 0.001), base + path)
             except TransportError as e:
                 if self.detection_fatal(e):
                     raise

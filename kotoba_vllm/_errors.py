@@ -25,7 +25,7 @@
     ├── PromptError              a bench prompt file that is not prompts                    (also a ValueError)
     ├── Unparsable               a capacity endpoint answered with something unreadable     (also a ValueError)
     │   └── BadNumber            ... or with a figure no server can mean (NaN, ±Inf, negative, huge)
-    ├── LocalServerError         a local llama.cpp binary is missing or failed to start     (also a RuntimeError)
+    ├── LocalServerError         a local llama.cpp binary is missing, failed to start, or died (also a RuntimeError)
     └── InternalError            an exception nobody typed (a bug): its type and message kept
 
 The second bases keep `except ValueError` callers working. Admission answers are never retried
@@ -357,9 +357,28 @@ class BadNumber(Unparsable):
 
 
 class LocalServerError(KotobaError, RuntimeError):
-    """A local llama.cpp binary is missing, or a server failed to start."""
+    """A local llama.cpp binary is missing, a server failed to start, or a server this process started
+    died: then `signal` names what killed it (e.g. "SIGILL") or `exit_status` says how it exited, and
+    `log_tail` holds the last lines it wrote."""
 
     kind = "local-server"
+
+    def __init__(self, message: str, *, endpoint: str | None = None, signal: str | None = None,
+                 exit_status: int | None = None, log_tail: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint)
+        self.signal = signal
+        self.exit_status = exit_status
+        self.log_tail = log_tail
+
+    def _fields(self) -> dict[str, Edn]:
+        out: dict[str, Edn] = {}
+        if self.signal is not None:
+            out["local/signal"] = self.signal
+        if self.exit_status is not None:
+            out["local/exit-status"] = self.exit_status
+        if self.log_tail is not None:
+            out["local/log-tail"] = self.log_tail
+        return out
 
 
 class InternalError(KotobaError):

@@ -431,6 +431,12 @@ def engine_problems(engine: str, route: str, extras: Mapping[str, Edn]) -> list[
             out.append(_problem("engine/unsupported", key, f":{key} is not a {engine} field on the {route} route "
                                 f"(taken by: {takes}); it would be ignored or rejected", engine))
     if engine == "vllm":
+        if extras.get("vllm/priority") not in (None, 0):
+            # vLLM 0.32.0/0.33.0 refuse nothing here (their field text says they would): under the default
+            # fcfs policy the priority is accepted and has no effect
+            out.append(Problem("warn", "engine/ignored", ":vllm/priority orders requests only on a vLLM started "
+                               "with --scheduling-policy priority; under the default fcfs it is accepted and "
+                               "ignored", field="vllm/priority", engine=engine))
         salt = extras.get("vllm/cache-salt")
         if type(salt) is str and (not salt or len(salt) > 128 or any(c in salt for c in "@/\\\0")):
             out.append(_problem("engine/value", "vllm/cache-salt", "vLLM takes a :vllm/cache-salt of 1 to 128 "
@@ -444,6 +450,31 @@ def engine_problems(engine: str, route: str, extras: Mapping[str, Edn]) -> list[
     if engine == "sglang" and "sglang/ebnf" in extras and "sglang/json-schema" in extras:
         out.append(_problem("sampling/conflict", "sglang/ebnf", "SGLang takes one of regex, json_schema and ebnf",
                             engine))
+    return out
+
+
+# what each part type must carry ("a|b": either)
+PART_NEEDS: dict[str, tuple[str, ...]] = {
+    "image-url": ("url",), "audio-url": ("url",), "video-url": ("url",), "input-audio": ("data", "format"),
+    "input-video": ("url|data",), "image-embeds": ("data",), "text": ("text",)}
+
+
+def part_problems(req: Any, engine: str, part_types: frozenset[str]) -> list[Problem]:
+    """Content parts of a chat request the engine does not take, or that lack what their type needs."""
+    out: list[Problem] = []
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, str) or m.content is None:
+            continue
+        for j, p in enumerate(m.content):
+            if p.type not in part_types:
+                takes = " ".join(":" + t for t in sorted(part_types))
+                out.append(_problem("engine/unsupported", "vllm/type", f"message {i} part {j}: {engine} takes no "
+                                    f":{p.type} part (it takes {takes})", engine))
+            for need in PART_NEEDS.get(p.type, ()):
+                if all(getattr(p, n) is None for n in need.split("|")):
+                    key = " or ".join(f":vllm/{n}" for n in need.split("|"))
+                    out.append(_problem("message/part", f"vllm/{need.split('|')[0]}",
+                                        f"message {i} part {j}: a :{p.type} part needs {key}"))
     return out
 
 

@@ -16,12 +16,15 @@ from ._edn import Edn, Keyword
 from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
+PART_TYPES = ("text", "image-url", "audio-url", "video-url", "input-audio", "input-video", "image-embeds")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize",
              # pooling-model endpoints, then server control (see _endpoint_calls.py and dialects/_endpoints.py)
              "rerank", "score", "classify", "pooling",
              "lora-list", "lora-load", "lora-unload", "lora-scale", "cache-reset", "slot")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
-PROVENANCES = ("server-reported", "client-measured", "unavailable")
+# server-reported: every number is the server's own, as it sent it; computed: worked out here from the
+# server's numbers named in `computed_from`; client-measured: this client's clock; unavailable: nil numbers.
+PROVENANCES = ("server-reported", "computed", "client-measured", "unavailable")
 # Where a request's engine fields live (`_fields.FIELDS`): the shared `:vllm/*` ones the table names,
 # vLLM-only `:vllm.engine/*`, and the engines' own namespaces.
 ENGINE_NAMESPACES = ("vllm", "vllm.engine", "llamacpp", "sglang")
@@ -41,12 +44,17 @@ class ToolCall:
 @register
 @attrs.frozen
 class ContentPart:
-    """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}` or `{:vllm/type :image-url :vllm/url ".."}`."""
+    """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}`, `{:vllm/type :image-url :vllm/url ".."}`,
+    `{:vllm/type :input-audio :vllm/data "<base64>" :vllm/format :wav}`, `{:vllm/type :input-video :vllm/url ..}`
+    (llama.cpp), `{:vllm/type :image-embeds :vllm/data "<base64 tensor>"}` (vLLM). Which types an engine takes:
+    each dialect's `part_types`."""
 
-    type: str = edn_field("vllm/type", KW("text", "image-url", "audio-url", "video-url"), default=REQUIRED)
+    type: str = edn_field("vllm/type", KW(*PART_TYPES), default=REQUIRED)
     text: str | None = edn_field("vllm/text", STR)
     url: str | None = edn_field("vllm/url", STR)
     detail: str | None = edn_field("vllm/detail", STR)
+    data: str | None = edn_field("vllm/data", STR)
+    format: str | None = edn_field("vllm/format", WORD)
 
 
 @register
@@ -387,6 +395,8 @@ class Figure:
     ms: float | None = edn_field("vllm/ms", NUM)
     tokens_per_s: float | None = edn_field("vllm/tokens-per-s", NUM)
     gaps_ms: tuple[float, ...] | None = edn_field("vllm/gaps-ms", MANY(NUM))
+    # provenance :computed: the server's fields the numbers were worked out from (e.g. "usage.prompt_tokens")
+    computed_from: tuple[str, ...] | None = edn_field("vllm/computed-from", MANY(STR))
 
 
 UNAVAILABLE = Figure()
@@ -418,7 +428,7 @@ class Choice:
     logprobs: Edn = edn_field("vllm/logprobs", JSON)
 
 
-RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool")
+RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool", "kotoba")
 
 
 @register
@@ -437,6 +447,7 @@ class Response:
     timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
+    sends: int | None = edn_field("vllm/sends", INT)  # set when the request went out more than once
     created: int | None = edn_field("vllm/created", INT)
     system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
     extras: dict[str, Edn] = extras_field(RESPONSE_EXTRA_NS)

@@ -49,7 +49,7 @@ from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeRespons
                      Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from .capacity._affinity import Affinity
 from .capacity._answer import PoolCapacity
-from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_endpoints
+from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_deadline, probe_endpoints
 from .capacity._verdict import Admission, merge_pool_capacity
 from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
 
@@ -149,6 +149,9 @@ class _PoolCore:
             PROBE_TIMEOUT if probe_timeout is None else httpx.Timeout(probe_timeout, connect=min(0.5, probe_timeout)))
         self.affinity = Affinity(affinity_entries)
         self.server_load_tracked = server_load_tracked
+        # how long past the interval the previous round may still be read while the next one runs: one
+        # round's deadline (every probe ends by it), so a slow member never holds a decision
+        self._round_limit_s = probe_deadline(self.probe_timeout) + 0.25
         self._detected: dict[str, str] = {}
         self.last_capacity: PoolCapacity | None = None
         self.view = CapacityView(self.members, capacity_interval_s)
@@ -285,6 +288,8 @@ class Pool(_PoolCore):
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
                          capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
         self._refresh = threading.Lock()
+        self._round_lock = threading.Lock()
+        self._round: threading.Thread | None = None  # the background probe round, if one runs
         self.model = model
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
@@ -338,16 +343,34 @@ class Pool(_PoolCore):
         return cap
 
     def _current(self) -> PoolCapacity:
-        """The shared view, refreshed by one round when it is older than the interval."""
+        """The shared view, refreshed by one round when it is older than the interval. While that round
+        runs (in the background), decisions read the previous one as long as it started at most the
+        interval plus one round's deadline ago; with no round yet, or past that, they wait for one."""
         view = self.view
         if view.interval_s <= 0:
             return self.capacity()
-        if not view.fresh(time.monotonic()):
+        now = time.monotonic()
+        if not view.fresh(now):
+            if view.snapshot is not None and now - view.started <= view.interval_s + self._round_limit_s:
+                self._start_round()
+                return view.snapshot
             with self._refresh:
                 if not view.fresh(time.monotonic()):
                     self.capacity()
         assert view.snapshot is not None
         return view.snapshot
+
+    def _start_round(self) -> None:
+        with self._round_lock:
+            if self._round is None or not self._round.is_alive():
+                self._round = threading.Thread(target=self._background_round, name="kotoba-capacity-round",
+                                               daemon=True)
+                self._round.start()
+
+    def _background_round(self) -> None:
+        with self._refresh:  # one round at a time: a waiting decision may have started one already
+            if not self.view.fresh(time.monotonic()):
+                self.capacity()
 
     def _admit(self, request: R, conversation: str | None) -> tuple[R, Admission, PoolCapacity, Client]:
         req = self._for_pool(request)
@@ -475,7 +498,6 @@ class AsyncPool(_PoolCore):
         self.model = model
         self._round: asyncio.Future[PoolCapacity] | None = None  # the probe round under way, if any
         # how long past the interval the previous round may still be read while the next one runs
-        self._round_limit_s = self.probe_timeout.read or PROBE_TIMEOUT.read or 1.5
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
         self.clients: dict[str, AsyncClient] = {

@@ -10,6 +10,8 @@ Printed: {"ok": answer text or null, "kind": error kind or null, "phase", "what"
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import resource
@@ -67,16 +69,23 @@ def _cli(spec: dict[str, Any]) -> str:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.jsonl")
         if spec["path"] == "capacity":
-            code = cli_main(["capacity", *spec["members"], "--backend", spec.get("backend", "vllm"),
-                             *spec.get("args", [])])
-            return f"exit {code}"
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                code = cli_main(["capacity", *spec["members"], "--backend", spec.get("backend", "vllm"),
+                                 *spec.get("args", [])])
+            return json.dumps({"exit": code, "out": buf.getvalue()})
         inp = os.path.join(d, "in.jsonl")
+        pool_args: list[str] = []
+        if "pool" in spec:
+            with open(os.path.join(d, "pool.edn"), "w") as f:
+                f.write(spec["pool"])
+            pool_args = ["--pool", os.path.join(d, "pool.edn")]
         with open(inp, "w") as f:
             for i in range(spec.get("n", 1)):
                 f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
                                     "body": {"model": "m", "messages": MSGS}}) + "\n")
         code = cli_main(["run", inp, "-o", out, "--no-progress", "--backend", spec.get("backend", "vllm"),
-                         *spec.get("args", [])])
+                         *pool_args, *spec.get("args", [])])
         with open(out) as f:
             return json.dumps({"exit": code, "records": [json.loads(line) for line in f]})
 

@@ -19,8 +19,8 @@ How a test uses it (fixtures in tests/conftest.py, each started once per session
 
 `Holder(engine)` keeps one real streamed request generating (ignore_eos, thousands of tokens) until
 `.close()`, which drops its connection so vLLM aborts it; `engine.wait_queue(running, waiting)`
-waits for vLLM's own gauges to show them. `VllmEngine.model` is the served model name ("tiny"). `engine.metrics()` returns vLLM's own
-/metrics samples as {"name{labels}": value}; `engine.metric("vllm:prefix_cache_hits_total")` sums
+waits for vLLM's own gauges to show them. `VllmEngine.model` is the served model name ("tiny").
+`engine.metrics()` returns vLLM's own /metrics samples as {"name{labels}": value}; `engine.metric("vllm:prefix_cache_hits_total")` sums
 one family over its label sets. Engine configurations live in CONFIGS: at most three start in the
 default run (CI pays ~30-130 s for each); add a row there rather than starting your own engine.
 
@@ -44,6 +44,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kotoba_vllm.cassettes._endpoint_sets import VLLM_POOLING_ENV, VLLM_POOLING_FLAGS
 from kotoba_vllm.local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +68,12 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     # show nothing waiting. --max-model-len 8192: room for ~8,000-token holds (Holder), a real
     # request occupying the slot for a minute or more.
     "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "2", "--max-model-len", "8192"),
+    # The tiny llama as a one-label sequence classifier: vLLM's own /rerank, /score, /classify, /pooling;
+    # runtime LoRA loading and /reset_prefix_cache (CONFIG_ENV). Flags: kotoba_vllm/cassettes/_endpoint_sets.py.
+    "pooling": VLLM_POOLING_FLAGS,
 }
+# name -> extra environment for that configuration only
+CONFIG_ENV: dict[str, dict[str, str]] = {"pooling": VLLM_POOLING_ENV}
 # One OpenMP thread: with two (nobind's default, one per core) a loaded 2-core machine spins them,
 # measured here side by side under load ~12: 6 tokens/s with two threads, 158-397 with one.
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
@@ -121,7 +127,7 @@ class VllmEngine:
         self._t0 = time.monotonic()
         # Its own session: vLLM forks an engine-core process, and stop() must end both.
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **ENGINE_ENV}, start_new_session=True, cwd=model_dir.parent)
+                                     env={**os.environ, **ENGINE_ENV, **CONFIG_ENV.get(name, {})}, start_new_session=True, cwd=model_dir.parent)
 
     @property
     def server_flags(self) -> str:

@@ -45,6 +45,20 @@ def llama_url(llama_server: object) -> str:
 
 
 @pytest.fixture(scope="session")
+def gemma_server() -> Iterator[object]:
+    """Gemma 3 270M (Q4_K_M, the base model; the gemma extra) on a real llama-server, one for the
+    session: real text, its own chat template (--jinja), 2 slots, 4096-token context."""
+    server = _start(model="gemma3-270m", n_ctx=4096, parallel=2, threads=1)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gemma_url(gemma_server: object) -> str:
+    return gemma_server.base_url  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture(scope="session")
 def clojure() -> Iterator[object]:
     """The real clojure.edn reader (Debian's clojure package), one JVM for the session.
     Missing in CI (KOTOBA_VLLM_REQUIRE_LIVE=1) it fails the run; elsewhere the tier skips."""
@@ -61,7 +75,8 @@ def clojure() -> Iterator[object]:
 
 
 # fixture name -> the tests/_vllm_engine.py configuration it serves
-VLLM_FIXTURES = {"vllm_engine": "default", "vllm_url": "default", "vllm_admission": "admission"}
+VLLM_FIXTURES = {"vllm_engine": "default", "vllm_url": "default", "vllm_admission": "admission",
+                 "vllm_pooling": "pooling"}
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +118,12 @@ def vllm_engine(vllm_engines: object) -> object:
 @pytest.fixture(scope="session")
 def vllm_url(vllm_engine: object) -> str:
     return vllm_engine.base_url  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture(scope="session")
+def vllm_pooling(vllm_engines: object) -> object:
+    """The tiny model as a one-label classifier with runtime LoRA and dev mode (CONFIGS["pooling"])."""
+    return _vllm(vllm_engines, "pooling")
 
 
 @pytest.fixture(scope="session")

@@ -116,3 +116,11 @@ def test_namespaces_follow_the_rule() -> None:
             assert ns == "vllm", f.key
         else:
             assert ns == own[engines.pop()], f.key
+
+
+def test_the_engine_pages_are_generated_from_the_tables() -> None:
+    from kotoba_vllm._schema._engine_docs import DOCS_DIR, engine_docs
+    for rel, text in engine_docs().items():
+        path = DOCS_DIR / rel
+        assert path.exists() and path.read_text(encoding="utf-8") == text, (
+            f"docs/engines/{rel} differs from the tables; regenerate with `python -m kotoba_vllm._schema --write`")

@@ -268,3 +268,125 @@ def test_sse_decoding_is_linear_in_the_line_length() -> None:
 
     small, big = scanned_per_byte(1 * MiB), scanned_per_byte(32 * MiB)
     assert small <= 3 and big <= 3 and abs(big - small) < 0.1, (small, big)
+
+
+# ------------------------------------------------------------------ pools, capacity, detection
+
+VLLM_IDLE = b'vllm:num_requests_running{model_name="m"} 0\nvllm:num_requests_waiting{model_name="m"} 0\n'
+
+
+def healthy(seen: Seen) -> list[Step]:
+    if seen.path == "/metrics":
+        return [head(200, [("content-type", "text/plain")], length=len(VLLM_IDLE)) + VLLM_IDLE]
+    return reply(chat_answer("healthy"))
+
+
+def trickle_everything(seen: Seen) -> Iterator[Step]:
+    """`/metrics` (and anything else) one byte every 0.5 s, forever."""
+    yield head(200, [("content-type", "text/plain")], chunked=True)
+    while True:
+        yield chunk(b"v")
+        yield Sleep(0.5)
+
+
+def bomb_everything(seen: Seen) -> list[Step]:
+    return [head(200, [("content-type", "text/plain"), ("content-encoding", "gzip")], length=len(BOMB)) + BOMB]
+
+
+class Members:
+    """Three members on loopback: healthy, trickling, bombing."""
+
+    def __enter__(self) -> list[str]:
+        self.servers = [FaultServer(healthy).start(), FaultServer(trickle_everything).start(),
+                        FaultServer(bomb_everything).start()]
+        return [s.base_url for s in self.servers]
+
+    def __exit__(self, *exc: Any) -> None:
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.mark.parametrize("path", ["pool", "apool"])
+def test_a_pool_answers_from_its_healthy_member(path: str) -> None:
+    with Members() as urls:
+        out = run_child({"path": path, "members": urls, "client": {"max_response_bytes": SMALL}})
+    assert out["ok"] == "healthy", out
+    assert out["elapsed_s"] < 6  # one probe round, bounded by the probe deadline (2 s), then the answer
+
+
+def test_capacity_names_each_bad_member_and_ends_by_the_probe_deadline() -> None:
+    with Members() as urls:
+        out = run_child({"path": "capacity", "members": urls, "client": {"max_response_bytes": PROBE_MAX_BYTES},
+                         "capture": True})
+    got = json.loads(out["ok"])
+    assert got["exit"] == 0, out  # the healthy member has a free slot
+    trickler, bomber = got["out"].splitlines()[1:3]
+    assert "probe deadline" in trickler and "passed the size limit" in bomber, got["out"]
+    assert out["elapsed_s"] < 6
+
+
+def test_run_over_a_pool_answers_every_request_from_the_healthy_member() -> None:
+    """The issue's case: 200 requests of `run --pool` over healthy, trickling and bombing members."""
+    with Members() as urls:
+        pool = f'{{:pool/members [{" ".join(json.dumps(u) for u in urls)}] :pool/backend :vllm}}'
+        out = run_child({"path": "run", "n": 200, "pool": pool, "args": ["--timeout", "10"],
+                         "client": {"max_response_bytes": DEFAULT_MAX_BYTES}}, wall_s=90)
+    got = json.loads(out["ok"])
+    records = got["records"]
+    assert len(records) == 200 and got["exit"] == 0, out
+    answered_by = {r["kotoba"].get("endpoint_url") for r in records}
+    assert answered_by == {urls[0] + "/v1/chat/completions"}, answered_by
+
+
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_backend_detection_against_a_trickling_server_ends_at_its_deadline(path: str) -> None:
+    with FaultServer(trickle_everything) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "backend": "auto", "call": "detect",
+                         "client": {"max_response_bytes": SMALL}})
+    assert out["kind"] == "timeout" and out["phase"] == "total", out
+    assert out["elapsed_s"] < 8  # detection's whole deadline: 5 s over every probe
+
+
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_backend_detection_against_a_bomb_is_bounded(path: str) -> None:
+    with FaultServer(bomb_everything) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "backend": "auto", "call": "detect",
+                         "client": {"max_response_bytes": SMALL}})
+    assert out["ok"] == "openai", out  # every probe refused at the size limit: none named an engine
+
+
+# ------------------------------------------------------------------ the small ones
+
+
+def test_a_10000_digit_integer_is_refused_by_field_and_the_rest_kept() -> None:
+    body = json.dumps(chat_answer("kept")).replace('"prompt_tokens": 3', '"prompt_tokens": ' + "9" * 10000)
+
+    with FaultServer(lambda seen: reply(body)) as srv, kotoba_vllm.Client(srv.base_url, backend="vllm") as c:
+        r = c.chat([{"role": "user", "content": "hi"}])
+    assert r.text == "kept"
+    assert r.extras["kotoba/refused"] == ["usage.prompt_tokens: an integer of 10000 digits, refused"]
+
+
+def test_duplicate_metrics_series_make_a_member_unmeasured_never_a_sum() -> None:
+    from kotoba_vllm.capacity import UNMEASURED
+    from kotoba_vllm.capacity._parse import Fetched
+    from kotoba_vllm.capacity._verdict import capacity_answer
+
+    twice = VLLM_IDLE + b'vllm:num_requests_waiting{model_name="m"} 0\n'
+    a = capacity_answer("http://m", "vllm", {"/metrics": Fetched("/metrics", status=200, body=twice, ms=1.0)}, None)
+    assert a.verdict == UNMEASURED and "duplicate series" in (a.reason or ""), a.reason
+    other_model = VLLM_IDLE + b'vllm:num_requests_waiting{model_name="n"} 0\n'  # a second model: summed, as before
+    b = capacity_answer("http://m", "vllm", {"/metrics": Fetched("/metrics", status=200, body=other_model, ms=1.0)},
+                        None)
+    assert b.verdict != UNMEASURED
+
+
+@pytest.mark.parametrize("depth", [150, 100_000])
+def test_a_deeply_nested_jsonl_line_gets_the_edn_readers_problem(depth: int) -> None:
+    from kotoba_vllm.batch._jsonl import line_to_entry
+
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "m", "messages": [], "x": None}}).replace("null", "[" * depth + "]" * depth)
+    entry = line_to_entry(0, line, "in.jsonl", 7)
+    assert [p.msg for p in entry.problems] == ["nested deeper than 100 levels"]
+    assert entry.problems[0].where == "in.jsonl:7:1"

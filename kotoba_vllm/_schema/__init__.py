@@ -23,11 +23,12 @@ from .._model import (CacheResetRequest, ChatRequest, Choice, ClassifyRequest, C
 from .._sampling import KNOBS_BY_ATTR, SAMPLING_TABLE
 from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
 from ..dialects import DIALECTS, Dialect
-from ..dialects._endpoints import EMBEDDING_OPTIONS
+from ..dialects._endpoints import OPTIONS
 from ..distributed._spec import KIND_TEXT, KOTODAMA_ALIASES, TABLES
 from ..pool import PoolConfig
 from ..server_config import FIELDS, READS
 from . import _samples
+from ._engine_docs import DOCS_DIR, engine_docs
 from ._observed import observe
 from ._typed import codec_shapes, kind_shapes
 
@@ -56,13 +57,14 @@ def engine(d: Dialect) -> dict[Any, Any]:
         kw("engine/routes"): {kw(ep): path for ep, path in d.routes.items()},
         kw("engine/models-path"): d.models_path,
         kw("engine/health-path"): d.health_path,
-        kw("engine/embedding-options"): sorted((kw(EMBEDDING_OPTIONS[a]) for a in d.embedding_options),
+        kw("engine/endpoint-options"): sorted((kw(OPTIONS[a][0]) for a in d.endpoint_options),
                                                 key=lambda k: k.name),
         kw("engine/sampling"): {kw(ep): sorted((kw(KNOBS_BY_ATTR[a].key) for a in attrs_),
                                                key=lambda k: k.name)
                                 for ep, attrs_ in d.sampling_support.items()},
         kw("engine/wire-names"): {kw(ep): {kw(KNOBS_BY_ATTR[a].key): w for a, w in names.items()}
                                   for ep, names in d.wire_names.items()},
+        kw("engine/content-parts"): [kw(t) for t in sorted(d.part_types)],
         kw("engine/fields"): {kw(k): engine_field(where) for k, (_, where) in sorted(fields_on(d.name).items())},
         kw("engine/request-id"): {kw("engine/body"): d.request_id_field, kw("engine/header"):
                                   "X-Request-Id" if d.request_id_header else None},
@@ -179,8 +181,11 @@ def rendered() -> dict[str, str]:
     return files
 
 
-def write(root: Path = SCHEMA_DIR) -> None:
+def write(root: Path = SCHEMA_DIR, docs: Path = DOCS_DIR) -> None:
     for rel, text in rendered().items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    docs.mkdir(parents=True, exist_ok=True)
+    for rel, text in engine_docs().items():
+        (docs / rel).write_text(text, encoding="utf-8")

@@ -61,8 +61,11 @@ class SglangDialect(Dialect):
         "cache-reset": "/flush_cache",  # refused (400, text) while requests run or wait
     }
     health_path: ClassVar[str] = "/health"
-    # Its serving_embedding builds each answer from the embedding alone: dimensions and base64 are not applied.
-    embedding_options: ClassVar[frozenset[str]] = frozenset()
+    # the content part types its chat parser takes (read from its code)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "audio-url", "video-url", "input-audio"})
+    # Read from its serving_embedding / serving_rerank: each embedding answer is built from the vector alone
+    # (no dimensions, no base64), every document is ranked and returned (no top_n).
+    endpoint_options: ClassVar[frozenset[str]] = frozenset()
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {
         "chat": SGLANG_OPENAI_SAMPLING, "completion": SGLANG_OPENAI_SAMPLING, "generate": SGLANG_NATIVE_SAMPLING}
     request_id_field: ClassVar[str | None] = "rid"

@@ -399,7 +399,8 @@ def _accelerator_layout(spec: DistSpec, eng: str, link_mbps: float, why: list[st
     if pd:
         dp = 1
         why.append("disaggregated: each node runs one instance of its role (" + ", ".join(
-            f"{x.name} {x.role}" for x in nodes) + ")")
+            f"{x.name} {x.role}" for x in nodes) + ")" + (f"; {g - tp} accelerator(s) a node left idle"
+                                                           if g > tp else ""))
     elif replica_nodes > 1:
         dp = max(1, n // replica_nodes)
     else:
