@@ -32,7 +32,7 @@ from ._timings import ClientClock
 from ._validate import send_problems
 from ._wire_core import DEFAULT_MAX_BYTES, PROBE_MAX_BYTES, too_large
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
-from .dialects._http import decode_json, may_hold_wide_int, stream_error
+from .dialects._http import decode_json, decode_json_refusing_wide_ints, may_hold_wide_int, stream_error
 
 RequestInput = Union[Request, EdnMap]
 """What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
@@ -196,6 +196,7 @@ class Plan:
     base_url: str
     # The request names a server outside the configured origins: send it without Authorization.
     key_withheld: bool = False
+    sends: int = 1  # how many times it went out (a stale keep-alive connection sends it once more)
 
 
 _CONNECT_EVENTS = ("connection.connect_tcp", "connection.connect_unix")
@@ -314,7 +315,7 @@ class StreamRun:
         clock = ClientClock(sent=self.sent, first_token=self.first,
                             last_token=self.token_times[-1] if self.token_times else None, done=time.perf_counter(),
                             token_times=tuple(self.token_times))
-        return with_server_id(self.decoder.response(clock), self.server_request_id)
+        return with_server_id(self.decoder.response(clock), self.server_request_id, self.plan.sends)
 
     @property
     def partial_text(self) -> str:
@@ -324,11 +325,12 @@ class StreamRun:
 _Answer = TypeVar("_Answer", bound=AnyResponse)
 
 
-def with_server_id(resp: _Answer, server_request_id: str | None) -> _Answer:
-    """The answer with the request id the server says it used (its `x-request-id` header), beside ours."""
-    if server_request_id is None or not isinstance(resp, Response):
+def with_server_id(resp: _Answer, server_request_id: str | None, sends: int = 1) -> _Answer:
+    """The answer with the request id the server says it used (its `x-request-id` header), beside ours, and
+    how many times the request was sent when that was more than once."""
+    if server_request_id is None and sends == 1 or not isinstance(resp, Response):
         return resp
-    return attrs.evolve(resp, server_request_id=server_request_id)
+    return attrs.evolve(resp, server_request_id=server_request_id, sends=sends if sends > 1 else None)
 
 
 def not_event_stream(content_type: str) -> str | None:
@@ -660,19 +662,26 @@ class BaseClient:
         if status >= 300:
             raise self._http_error(status, raw, headers, plan)
         obj = decode_json(raw)
+        refused: list[str] = []
+        if obj is None:
+            obj, refused = decode_json_refusing_wide_ints(raw)
         if obj is None:
             if plan.request.endpoint not in plan.dialect.text_answers:
                 raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
             obj = raw.decode("utf-8", "replace")  # a control call's answer in words (vLLM, SGLang), or none
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
-            return with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"))
+            resp = with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"),
+                                  plan.sends)
         except KotobaError as e:
             e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
             raise
         except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
             raise ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
                                 endpoint=plan.url) from None
+        if refused and isinstance(getattr(resp, "extras", None), dict):
+            resp.extras["kotoba/refused"] = refused  # type: ignore[union-attr]  # which fields were dropped, and why
+        return resp
 
     def _url(self, url: str) -> httpx.URL:
         """The parsed URL, cached: parsing a URL string costs as much as the rest of building a request."""

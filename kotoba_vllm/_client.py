@@ -288,6 +288,7 @@ class Client(BaseClient, EndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
                 died = _death(self, e)
                 if died is not None:
@@ -510,6 +511,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
                 died = await _adeath(self, e)
                 if died is not None:

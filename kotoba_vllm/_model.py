@@ -422,7 +422,7 @@ class Choice:
     logprobs: Edn = edn_field("vllm/logprobs", JSON)
 
 
-RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool")
+RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool", "kotoba")
 
 
 @register
@@ -441,6 +441,7 @@ class Response:
     timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
+    sends: int | None = edn_field("vllm/sends", INT)  # set when the request went out more than once
     created: int | None = edn_field("vllm/created", INT)
     system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
     extras: dict[str, Edn] = extras_field(RESPONSE_EXTRA_NS)

@@ -9,7 +9,7 @@ import pytest
 from kotoba_vllm import Client, ValidationError
 from kotoba_vllm._base_client import chat_request
 from kotoba_vllm._edn import kw, read_all
-from kotoba_vllm._model import GenerateRequest
+from kotoba_vllm._model import GenerateRequest, to_edn
 from kotoba_vllm._requests import request_from_edn, request_to_edn
 from kotoba_vllm._validate import validate
 from kotoba_vllm.dialects import get_dialect
@@ -269,3 +269,67 @@ async def test_the_same_from_the_async_client() -> None:
             with pytest.raises(BadRequest) as e:
                 await c.chat("hi", max_tokens=4, request_id="a-3", priority=5)
             assert e.value.server_request_id == "a-3"
+
+
+# ------------------------------------------------------------------ request ids across a batch
+
+from kotoba_vllm._edn import read_all as _read_all  # noqa: E402
+from kotoba_vllm.cli import main  # noqa: E402
+
+
+def _records(text: str) -> list[dict]:
+    return [v for v in _read_all(text)]
+
+
+def test_two_requests_with_one_id_are_a_problem_naming_both_positions(tmp_path, capsys) -> None:
+    f = tmp_path / "dup.edn"
+    f.write_text(CHAT + ':vllm/request-id "a"}\n' + CHAT + ':vllm/request-id "b"}\n' + CHAT + ':vllm/request-id "a"}\n')
+    assert main(["validate", str(f)]) == 1
+    [p] = _records(capsys.readouterr().out)
+    assert p[kw("vllm/code")] == kw("batch/duplicate-request-id") and p[kw("vllm/request-index")] == 2
+    assert "requests 0 and 2" in p[kw("vllm/msg")] and p[kw("vllm/where")].endswith(":3:1")
+
+
+def test_run_gives_every_request_an_id_and_the_record_carries_both(tmp_path, capsys) -> None:
+    f = tmp_path / "reqs.edn"
+    f.write_text(CHAT + '}\n' + CHAT + ':vllm/request-id "mine"}\n' + CHAT + ':vllm/request-id "mine"}\n')
+    with FaultServer(echo_id) as srv:
+        code = main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--request-ids", "--no-progress",
+                     "--concurrency", "1"])
+        sent = [(s.headers.get("x-request-id"), s.json().get("request_id")) for s in srv.seen
+                if s.path == "/v1/chat/completions"]  # run may also probe the server's capacity
+    out = _records(capsys.readouterr().out)
+    assert code != 0  # the duplicate is a validation problem: never sent
+    assert len(out) == 3 and len(sent) == 2
+    generated = out[0][kw("vllm/request-id")]
+    assert generated.startswith("kotoba-") and generated.endswith("-0")
+    assert sent == [(generated, generated), ("mine", "mine")]
+    assert out[0][kw("vllm/server-request-id")] == generated and out[1][kw("vllm/server-request-id")] == "mine"
+    assert kw("vllm/error") in out[2]
+
+
+def _stale_second(seen: Seen) -> list:
+    """The 2nd request on connection 0 is read and never answered (a keep-alive the server closed)."""
+    from faultserver import CLOSE, ok
+    return [CLOSE] if seen.conn == 0 and seen.index == 1 else ok(seen)
+
+
+def test_a_resent_request_keeps_its_id_and_the_answer_says_it_went_twice() -> None:
+    with FaultServer(_stale_second) as srv, Client(srv.base_url, backend="vllm") as c:
+        first = c.chat("hi", request_id="r-1")
+        second = c.chat("hi", request_id="r-2")
+        ids = [(s.conn, s.headers["x-request-id"], s.json()["request_id"]) for s in srv.seen]
+    assert first.sends is None and second.sends == 2
+    assert ids == [(0, "r-1", "r-1"), (0, "r-2", "r-2"), (1, "r-2", "r-2")]
+    assert to_edn(second)[kw("vllm/sends")] == 2
+
+
+async def test_a_resent_request_keeps_its_id_async() -> None:
+    with FaultServer(_stale_second) as srv:
+        async with AsyncClient(srv.base_url, backend="vllm") as c:
+            await c.chat("hi", request_id="a-1")
+            s = await c.stream_chat("hi", request_id="a-2")
+            async for _ in s:
+                pass
+        ids = [s_.headers["x-request-id"] for s_ in srv.seen]
+    assert ids == ["a-1", "a-2", "a-2"] and s.response is not None and s.response.sends == 2

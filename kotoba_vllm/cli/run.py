@@ -25,7 +25,8 @@ from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
 from .._model import TEXT_REQUESTS, StreamDelta, to_edn
 from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, FlowControl, OrderedSink, Recorder,
-                     detect_format, batch_collector, iter_entries, journal_path, load_existing)
+                     detect_format, batch_collector, iter_entries, journal_path, load_existing, new_prefix,
+                     with_request_ids)
 from ..batch._measured import ProbedCapacity, flow_control_for
 from ..dialects import DIALECTS
 from ..local import LlamaServer, LocalServerError
@@ -71,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"whole (a request still unanswered after it is recorded as :timeout; default "
                         f"{DEFAULT_TIMEOUT.read:g} s)")
     p.add_argument("--pretty", action="store_true", help="pretty-print EDN")
+    p.add_argument("--request-ids", action="store_true",
+                   help="give every request without :vllm/request-id one (<run prefix>-<index>), sent to the engine "
+                        "where it reads one, so each record joins with the server's logs")
     p.add_argument("--concurrency", "-c", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--resume", action="store_true",
                    help="complete an interrupted --output: send only what it does not answer yet")
@@ -362,7 +366,8 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         if args.local and local is not None:
             await local.ensure(client)
         with batch_collector():  # the client and everything imported are alive by now
-            summary = await runner.run(iter_entries(args.file, in_fmt))
+            summary = await runner.run(with_request_ids(iter_entries(args.file, in_fmt),
+                                                        new_prefix() if args.request_ids else None))
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
