@@ -453,6 +453,31 @@ def engine_problems(engine: str, route: str, extras: Mapping[str, Edn]) -> list[
     return out
 
 
+# what each part type must carry ("a|b": either)
+PART_NEEDS: dict[str, tuple[str, ...]] = {
+    "image-url": ("url",), "audio-url": ("url",), "video-url": ("url",), "input-audio": ("data", "format"),
+    "input-video": ("url|data",), "image-embeds": ("data",), "text": ("text",)}
+
+
+def part_problems(req: Any, engine: str, part_types: frozenset[str]) -> list[Problem]:
+    """Content parts of a chat request the engine does not take, or that lack what their type needs."""
+    out: list[Problem] = []
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, str) or m.content is None:
+            continue
+        for j, p in enumerate(m.content):
+            if p.type not in part_types:
+                takes = " ".join(":" + t for t in sorted(part_types))
+                out.append(_problem("engine/unsupported", "vllm/type", f"message {i} part {j}: {engine} takes no "
+                                    f":{p.type} part (it takes {takes})", engine))
+            for need in PART_NEEDS.get(p.type, ()):
+                if all(getattr(p, n) is None for n in need.split("|")):
+                    key = " or ".join(f":vllm/{n}" for n in need.split("|"))
+                    out.append(_problem("message/part", f"vllm/{need.split('|')[0]}",
+                                        f"message {i} part {j}: a :{p.type} part needs {key}"))
+    return out
+
+
 def stream_problems(extras: Mapping[str, Edn], stream: bool | None) -> list[Problem]:
     if stream and extras.get("vllm.engine/prompt-logprobs") not in (None, 0):
         return [_problem("request/stream", "vllm.engine/prompt-logprobs",

@@ -333,3 +333,49 @@ async def test_a_resent_request_keeps_its_id_async() -> None:
                 pass
         ids = [s_.headers["x-request-id"] for s_ in srv.seen]
     assert ids == ["a-1", "a-2", "a-2"] and s.response is not None and s.response.sends == 2
+
+
+# ------------------------------------------------------------------ content parts per engine
+
+AUDIO = '{:vllm/type :input-audio :vllm/data "UklGRg==" :vllm/format :wav}'
+VIDEO = '{:vllm/type :input-video :vllm/url "file://v.mp4"}'
+EMBEDS = '{:vllm/type :image-embeds :vllm/data "AAAA"}'
+
+
+def parts_req(*parts: str):
+    head = '{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content [' + " ".join(parts) + ']}]'
+    r, problems = request_from_edn(read_all(head + "}")[0])
+    assert problems == [] and r is not None
+    return r
+
+
+def test_input_audio_renders_as_openai_s_part() -> None:
+    for engine in ("vllm", "sglang", "llamacpp", "openai"):
+        b = body(parts_req('{:vllm/type :text :vllm/text "what is this"}', AUDIO), engine)
+        assert b["messages"][0]["content"][1] == {"type": "input_audio",
+                                                  "input_audio": {"data": "UklGRg==", "format": "wav"}}
+
+
+def test_each_engine_takes_exactly_its_part_types() -> None:
+    assert body(parts_req(VIDEO), "llamacpp")["messages"][0]["content"] == [
+        {"type": "input_video", "input_video": {"url": "file://v.mp4"}}]
+    assert body(parts_req(EMBEDS), "vllm")["messages"][0]["content"] == [{"type": "image_embeds",
+                                                                           "image_embeds": "AAAA"}]
+    for part, refused_by in ((VIDEO, ("vllm", "sglang", "openai")), (EMBEDS, ("sglang", "llamacpp", "openai")),
+                             ('{:vllm/type :audio-url :vllm/url "http://a"}', ("llamacpp", "openai"))):
+        for engine in refused_by:
+            problems = [p for p in validate(parts_req(part), engine) if p.is_error]
+            assert [(p.code, p.engine) for p in problems] == [("engine/unsupported", engine)]
+            assert "part 0" in problems[0].msg and engine in problems[0].msg
+
+
+def test_a_part_without_what_its_type_needs_is_a_problem() -> None:
+    r = parts_req('{:vllm/type :input-audio :vllm/data "UklGRg=="}')
+    assert ("message/part", "vllm/format") in errors(r, "vllm")
+
+
+def test_openai_style_input_audio_dicts_are_kept() -> None:
+    r = chat_request([{"role": "user", "content": [{"type": "input_audio",
+                                                    "input_audio": {"data": "UklGRg==", "format": "mp3"}}]}],
+                     None, None, False, {}, None)
+    assert body(r, "vllm")["messages"][0]["content"][0]["input_audio"] == {"data": "UklGRg==", "format": "mp3"}

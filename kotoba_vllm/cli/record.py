@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 
 from ..cassettes._endpoint_sets import control_exchanges, rerank_exchanges, vllm_endpoint_exchanges
-from ..cassettes._recorder import Exchange, engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
+from ..cassettes._recorder import (Exchange, config_exchanges, engine_exchanges, llamacpp_exchanges, record,
+                                   sglang_exchanges)
 from ..cassettes._vllm_sets import vllm_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
@@ -25,9 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
     p.add_argument("--set", default="default",
-                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death",
+                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death", "config",
                             "rerank", "control", "pooling"],
-                   help="the exchange set (sglang: `incremental` for a server with --incremental-streaming-output, "
+                   help="the exchange set (`config`: what `inspect` asks, any engine; "
+                        "sglang: `incremental` for a server with --incremental-streaming-output, "
                         "`router` for sglang-router in front of one; vllm: one per server configuration, see "
                         "scripts/record-vllm; pooling-model and control endpoints: `rerank` and `control` for "
                         "llama.cpp, `pooling` for vLLM, as scripts/record-llamacpp-endpoints and "
@@ -61,11 +63,14 @@ def run(args: argparse.Namespace) -> int:
     build = args.build
     if build is None and args.engine == "llamacpp":
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
-    if args.set in ENDPOINT_SETS:
-        exchanges = endpoint_set(args)
-        if isinstance(exchanges, str):
-            print(f"error: {exchanges}", file=sys.stderr)
+    if args.set == "config":
+        exchanges = config_exchanges(args.engine)
+    elif args.set in ENDPOINT_SETS:
+        found = endpoint_set(args)
+        if isinstance(found, str):
+            print(f"error: {found}", file=sys.stderr)
             return 2
+        exchanges = found
     elif args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
     elif args.model and args.engine == "vllm":

@@ -194,10 +194,12 @@ READS: dict[str, dict[str, Read]] = {
 
 # ---------------------------------------------------------------- secrets
 
-# A key naming a secret: it ends in one of these words as a whole `_`-separated part, perhaps with a
-# one-character suffix (api_key, admin_api_key, ssl_keyfile_password, hf_token, watermark_key_b), never
-# tokenizer_path, max_total_num_tokens or tbo_token_distribution_threshold.
-SECRET_PART = re.compile(r"(?:^|_)(password|passwd|key|token|secret|apikey|credentials?)(?:_[a-z0-9])?$", re.I)
+# A key naming a secret: a password, secret, credential or key as its last `_`-separated part (api_key,
+# admin_api_key, ssl_keyfile_password, watermark_key_b), or a token of a credential kind (hf_token,
+# auth_token). Never a vocabulary token (bos_token, eos_token, a logprob's `token`), a count
+# (max_total_num_tokens) or a flag (timings_per_token); only text values are ever redacted.
+SECRET_PART = re.compile(r"(?:^|_)(password|passwd|secret|credentials?|key|apikey|"
+                         r"(?:hf|auth|access|api|bearer|refresh|session)_token)(?:_[a-z0-9])?$", re.I)
 
 
 def is_secret_key(name: str) -> bool:
@@ -205,10 +207,10 @@ def is_secret_key(name: str) -> bool:
 
 
 def redact_secrets(v: Any) -> Any:
-    """JSON data with every secret-named key's non-null value replaced (nested maps and lists too)."""
+    """JSON data with every secret-named key's text value replaced (nested maps and lists too)."""
     if isinstance(v, dict):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and x not in (None, "", [], {})
-                    and not isinstance(x, (dict, list)) else redact_secrets(x)) for k, x in v.items()}
+        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and isinstance(x, str) and x
+                    else redact_secrets(x)) for k, x in v.items()}
     if isinstance(v, list):
         return [redact_secrets(x) for x in v]
     return v
