@@ -466,3 +466,16 @@ def test_a_file_over_the_limit_is_refused_before_it_is_read(tmp_path) -> None:
     _, problems = inline_local_media(r, [str(tmp_path)], max_bytes=99)
     assert [p.code for p in problems] == ["message/media"] and "over the 99-byte limit" in problems[0].msg
     assert ("message/media", "vllm/path") in errors(r, "vllm")  # never sent with the path unread
+
+
+def test_bad_new_fields_in_a_file_are_located_and_nothing_is_sent(tmp_path, capsys) -> None:
+    f = tmp_path / "bad.edn"
+    f.write_text('{:vllm/endpoint :chat\n :vllm/messages [{:vllm/role :user :vllm/content "hi"}]\n'
+                 ' :vllm/min-tokens "three"\n :vllm/logit-bias {50 300}\n :sglang/ebnf 1}\n')
+    with FaultServer() as srv:
+        main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--no-progress"])
+        assert not [s for s in srv.seen if s.path == "/v1/chat/completions"]
+    [rec] = _records(capsys.readouterr().out)
+    where = {p[kw("vllm/field")]: p[kw("vllm/where")] for p in rec[kw("vllm/problems")]}
+    assert where[kw("vllm/min-tokens")] == f"{f}:3:2" and where[kw("vllm/logit-bias")] == f"{f}:4:2"
+    assert where[kw("sglang/ebnf")] == f"{f}:5:2"
