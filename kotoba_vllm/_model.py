@@ -16,6 +16,7 @@ from ._edn import Edn, Keyword
 from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
+PART_TYPES = ("text", "image-url", "audio-url", "video-url", "input-audio", "input-video", "image-embeds")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize",
              # pooling-model endpoints, then server control (see _endpoint_calls.py and dialects/_endpoints.py)
              "rerank", "score", "classify", "pooling",
@@ -43,12 +44,18 @@ class ToolCall:
 @register
 @attrs.frozen
 class ContentPart:
-    """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}` or `{:vllm/type :image-url :vllm/url ".."}`."""
+    """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}`, `{:vllm/type :image-url :vllm/url ".."}`,
+    `{:vllm/type :input-audio :vllm/data "<base64>" :vllm/format :wav}`, `{:vllm/type :input-video :vllm/url ..}`
+    (llama.cpp), `{:vllm/type :image-embeds :vllm/data "<base64 tensor>"}` (vLLM). Which types an engine takes:
+    each dialect's `part_types`."""
 
-    type: str = edn_field("vllm/type", KW("text", "image-url", "audio-url", "video-url"), default=REQUIRED)
+    type: str = edn_field("vllm/type", KW(*PART_TYPES), default=REQUIRED)
     text: str | None = edn_field("vllm/text", STR)
     url: str | None = edn_field("vllm/url", STR)
     detail: str | None = edn_field("vllm/detail", STR)
+    data: str | None = edn_field("vllm/data", STR)
+    format: str | None = edn_field("vllm/format", WORD)
+    path: str | None = edn_field("vllm/path", STR)  # a local file, read into the part before sending (`_media`)
 
 
 @register
@@ -422,7 +429,7 @@ class Choice:
     logprobs: Edn = edn_field("vllm/logprobs", JSON)
 
 
-RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool")
+RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool", "kotoba")
 
 
 @register

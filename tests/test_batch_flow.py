@@ -292,3 +292,16 @@ def test_cli_runs_on_either_loop(tmp_path: Any, capsys: Any) -> None:
             assert main(["run", path, "--base-url", srv.base_url, "--backend", "openai", "--no-progress",
                          "--loop", loop]) == 0
             assert [r[K_INDEX] for r in read_all(capsys.readouterr().out)] == list(range(5))
+
+
+def test_cli_background_sends_the_priority_each_engine_puts_behind_interactive_requests(tmp_path: Any) -> None:
+    from faultserver import FaultServer
+    from kotoba_vllm.cli import main
+
+    path = _request_file(tmp_path, 3)
+    for backend, want in (("vllm", 10), ("sglang", -10), ("openai", None), ("llamacpp", None)):
+        with FaultServer() as srv:
+            assert main(["run", path, "--base-url", srv.base_url, "--backend", backend, "--no-progress",
+                         "--background", "--output", str(tmp_path / f"{backend}.edn")]) == 0
+            bodies = [s.json() for s in srv.seen if s.method == "POST"]
+            assert len(bodies) == 3 and all(b.get("priority") == want for b in bodies), (backend, bodies)

@@ -353,3 +353,58 @@ def test_backend_detection_against_a_bomb_is_bounded(path: str) -> None:
         out = run_child({"path": path, "url": srv.base_url, "backend": "auto", "call": "detect",
                          "client": {"max_response_bytes": SMALL}})
     assert out["ok"] == "openai", out  # every probe refused at the size limit: none named an engine
+
+
+# ------------------------------------------------------------------ the small ones
+
+
+def test_a_10000_digit_integer_is_refused_by_field_and_the_rest_kept() -> None:
+    body = json.dumps(chat_answer("kept")).replace('"prompt_tokens": 3', '"prompt_tokens": ' + "9" * 10000)
+
+    with FaultServer(lambda seen: reply(body)) as srv, kotoba_vllm.Client(srv.base_url, backend="vllm") as c:
+        r = c.chat([{"role": "user", "content": "hi"}])
+    assert r.text == "kept"
+    assert r.extras["kotoba/refused"] == ["usage.prompt_tokens: an integer of 10000 digits, refused"]
+
+
+def test_duplicate_metrics_series_make_a_member_unmeasured_never_a_sum() -> None:
+    from kotoba_vllm.capacity import UNMEASURED
+    from kotoba_vllm.capacity._parse import Fetched
+    from kotoba_vllm.capacity._verdict import capacity_answer
+
+    twice = VLLM_IDLE + b'vllm:num_requests_waiting{model_name="m"} 0\n'
+    a = capacity_answer("http://m", "vllm", {"/metrics": Fetched("/metrics", status=200, body=twice, ms=1.0)}, None)
+    assert a.verdict == UNMEASURED and "duplicate series" in (a.reason or ""), a.reason
+    other_model = VLLM_IDLE + b'vllm:num_requests_waiting{model_name="n"} 0\n'  # a second model: summed, as before
+    b = capacity_answer("http://m", "vllm", {"/metrics": Fetched("/metrics", status=200, body=other_model, ms=1.0)},
+                        None)
+    assert b.verdict != UNMEASURED
+
+
+@pytest.mark.parametrize("depth", [150, 100_000])
+def test_a_deeply_nested_jsonl_line_gets_the_edn_readers_problem(depth: int) -> None:
+    from kotoba_vllm.batch._jsonl import line_to_entry
+
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "m", "messages": [], "x": None}}).replace("null", "[" * depth + "]" * depth)
+    entry = line_to_entry(0, line, "in.jsonl", 7)
+    assert [p.msg for p in entry.problems] == ["nested deeper than 100 levels"]
+    assert entry.problems[0].where == "in.jsonl:7:1"
+
+
+@pytest.mark.parametrize("path", ["client", "async", "run"])
+def test_a_big_answer_costs_a_small_multiple_of_its_size(path: str) -> None:
+    """A 24 MiB answer, under the default limit: the client's peak memory over the same call with a tiny
+    answer is a small multiple of the answer - measured 3.0x for the clients (its bytes and its text), 4.0x
+    for `run` (the record written besides) - never the 7-8x it was."""
+    size = 24 * MiB
+
+    def grown(n: int) -> int:
+        with FaultServer(big_json(n, length=True)) as srv:
+            out = run_child({"path": path, "url": srv.base_url, "client": {"max_response_bytes": DEFAULT_MAX_BYTES},
+                             "args": ["--base-url", srv.base_url]}, wall_s=60)
+        assert out["kind"] is None, out
+        return (out["rss_peak_kb"] - out["rss_before_kb"]) * 1024
+
+    multiple = (grown(size) - grown(1024)) / size
+    assert multiple <= (4.3 if path == "run" else 3.3), f"{path}: {multiple:.1f}x the answer"

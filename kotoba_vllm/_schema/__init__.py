@@ -64,6 +64,7 @@ def engine(d: Dialect) -> dict[Any, Any]:
                                 for ep, attrs_ in d.sampling_support.items()},
         kw("engine/wire-names"): {kw(ep): {kw(KNOBS_BY_ATTR[a].key): w for a, w in names.items()}
                                   for ep, names in d.wire_names.items()},
+        kw("engine/content-parts"): [kw(t) for t in sorted(d.part_types)],
         kw("engine/fields"): {kw(k): engine_field(where) for k, (_, where) in sorted(fields_on(d.name).items())},
         kw("engine/request-id"): {kw("engine/body"): d.request_id_field, kw("engine/header"):
                                   "X-Request-Id" if d.request_id_header else None},

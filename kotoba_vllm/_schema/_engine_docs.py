@@ -103,6 +103,9 @@ def engine_doc(name: str) -> str:
     lines += ["## Routes", "", *_routes(d), ""]
     if name in NATIVE:
         lines += [f"`:generate` is the engine's native route, {NATIVE[name]}.", ""]
+    lines += ["Chat content parts (`:vllm/type` of a part) it takes: "
+              + ", ".join(f"`:{t}`" for t in sorted(d.part_types))
+              + "; another is a problem naming part and engine.", ""]
     lines += ["## Sampling keys (`:vllm/sampling`, or keyword arguments named as the wire field)", "", *_sampling(d), ""]
     lines += ["## Engine fields (top level of the request map)", "",
               "Namespaces: `:vllm/*` for a field several engines accept (checked for this engine), `:vllm.engine/*` "

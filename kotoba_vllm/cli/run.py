@@ -27,7 +27,9 @@ from .._model import TEXT_REQUESTS, StreamDelta, to_edn
 from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, FlowControl, OrderedSink, Recorder,
                      detect_format, batch_collector, iter_entries, journal_path, load_existing, new_prefix,
                      with_request_ids)
+from ..batch._background import background
 from ..batch._measured import ProbedCapacity, flow_control_for
+from ..batch._media import with_local_media
 from ..dialects import DIALECTS
 from ..local import LlamaServer, LocalServerError
 from ..capacity._view import DEFAULT_INTERVAL_S
@@ -72,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"whole (a request still unanswered after it is recorded as :timeout; default "
                         f"{DEFAULT_TIMEOUT.read:g} s)")
     p.add_argument("--pretty", action="store_true", help="pretty-print EDN")
+    p.add_argument("--media-root", action="append", default=[], metavar="DIR",
+                   help="a content part's :vllm/path may also come from under DIR (always: the request file's own "
+                        "directory); each file becomes a data URL, at most 20 MiB")
     p.add_argument("--request-ids", action="store_true",
                    help="give every request without :vllm/request-id one (<run prefix>-<index>), sent to the engine "
                         "where it reads one, so each record joins with the server's logs")
@@ -81,6 +86,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redo", action="append", default=[], choices=["admission-rejected"],
                    help="with --resume: also send again the requests whose records in --output are these outcomes, "
                         "rewriting those records in place (the file stays in input order)")
+    p.add_argument("--background", action="store_true",
+                   help="send the batch at a priority interactive requests overtake, per engine: vLLM started with "
+                        "--scheduling-policy priority (lower first: the batch gets 10), SGLang started with "
+                        "--enable-priority-scheduling (higher first: -10); llama.cpp and OpenAI-compatible servers "
+                        "schedule no priority (nothing is added). A request's own :vllm/priority is kept")
     p.add_argument("--requeue-rejected", type=int, default=0, metavar="N",
                    help="send a request the server rejected at admission (429, queue full: it never reached the "
                         "engine) again, at most N times, once its member's pause is over or a slot of it was "
@@ -328,6 +338,9 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         assert req is not None
         if local is not None and req.base_url is None:
             await local.ensure(client)
+        if args.background:
+            one = client if isinstance(client, AsyncClient) else next(iter(client.clients.values()))
+            req = background(req, await one.detect_backend(req.base_url if one is client else None))
         if (args.stream or req.stream) and out_fmt == "edn" and isinstance(req, TEXT_REQUESTS):
             s = await client.stream(req, timeout=args.timeout)
             deltas: list[StreamDelta] = []
@@ -366,8 +379,8 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         if args.local and local is not None:
             await local.ensure(client)
         with batch_collector():  # the client and everything imported are alive by now
-            summary = await runner.run(with_request_ids(iter_entries(args.file, in_fmt),
-                                                        new_prefix() if args.request_ids else None))
+            entries = with_local_media(iter_entries(args.file, in_fmt), args.media_root)
+            summary = await runner.run(with_request_ids(entries, new_prefix() if args.request_ids else None))
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

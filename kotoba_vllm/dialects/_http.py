@@ -143,6 +143,45 @@ def decode_json(raw: bytes) -> Any:
         return None
 
 
+class _TooWide:
+    """An integer past Python's digit limit (`sys.get_int_max_str_digits()`, 4,300 by default)."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _int_or_too_wide(text: str) -> int | _TooWide:
+    try:
+        return int(text)
+    except ValueError:
+        return _TooWide(len(text.lstrip("-")))
+
+
+def decode_json_refusing_wide_ints(raw: bytes) -> tuple[Any, list[str]]:
+    """JSON whose only fault is an integer too wide for Python to read: each such number is refused
+    by field (None in its place) and named (`usage.prompt_tokens: an integer of 10000 digits`), the
+    rest of the answer kept. (None, []) when the text is not JSON for another reason."""
+    try:
+        obj = json.loads(raw.decode("utf-8", "replace"), parse_int=_int_or_too_wide)
+    except (ValueError, RecursionError):
+        return None, []
+    refused: list[str] = []
+
+    def walk(v: Any, where: str) -> Any:
+        if isinstance(v, _TooWide):
+            refused.append(f"{where or '(the answer)'}: an integer of {v.digits} digits, refused")
+            return None
+        if isinstance(v, dict):
+            return {k: walk(x, f"{where}.{k}" if where else k) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return v
+
+    return walk(obj, ""), refused
+
+
 QUEUE_FULL_MARKERS = ("request queue is full", "queue is full")
 LOADING_MARKERS = ("loading model", "loading")
 # A 503 whose message names a server-side admission limit -> that limit's reason. vLLM 0.33.0's own

@@ -90,6 +90,8 @@ class LlamacppDialect(Dialect):
         "slot": "/slots/{slot_id}",  # with --slot-save-path only
     }
     health_path: ClassVar[str] = "/health"
+    # the content part types its chat parser takes (read from its code)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "input-audio", "input-video", "video-url"})
     endpoint_options: ClassVar[frozenset[str]] = frozenset({"encoding_format", "top_n"})  # no dimensions
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {
         "chat": LLAMACPP_SAMPLING, "completion": LLAMACPP_SAMPLING, "generate": LLAMACPP_SAMPLING}

@@ -11,7 +11,8 @@ from typing import Any, Callable, ClassVar
 
 import attrs
 
-from .._fields import EXTRA_BODY, engine_problems, extra_headers, fields_on, merge_extra_body, render_fields
+from .._fields import (EXTRA_BODY, engine_problems, extra_headers, fields_on, merge_extra_body, part_problems,
+                       render_fields)
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError, ValidationError
 from .._memo import BoundedMemo
@@ -50,6 +51,8 @@ class Dialect:
     # where the request id goes: a body field (vLLM `request_id`, SGLang `rid`) and/or the X-Request-Id header
     request_id_field: ClassVar[str | None] = None
     request_id_header: ClassVar[bool] = True
+    # content part types this engine's chat route takes (OpenAI: text, images, inline audio)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "input-audio"})
     # options of the pooling endpoints this engine applies (`_endpoints.OPTIONS`; OpenAI's embeddings have both)
     endpoint_options: ClassVar[frozenset[str]] = frozenset({"dimensions", "encoding_format", "top_n"})
     # endpoints whose 2xx answer may be text, or nothing, rather than JSON
@@ -76,6 +79,8 @@ class Dialect:
                                        field=knob.key, engine=self.name))
             if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
                 _SUPPORTED.keep((self, id(sampling), ep), sampling)
+        if isinstance(req, ChatRequest):
+            out.extend(part_problems(req, self.name, self.part_types))
         if req.extras:
             out.extend(engine_problems(self.name, ep, req.extras))
             if EXTRA_BODY in req.extras and not any(p.is_error for p in out):
@@ -168,12 +173,17 @@ class Dialect:
             for p in m.content:
                 if p.type == "text":
                     parts.append({"type": "text", "text": p.text or ""})
-                else:
-                    wire = p.type.replace("-", "_")
-                    inner: dict[str, Any] = {"url": p.url}
-                    if p.detail is not None:
-                        inner["detail"] = p.detail
-                    parts.append({"type": wire, wire: inner})
+                    continue
+                wire = p.type.replace("-", "_")
+                if p.type == "image-embeds":
+                    parts.append({"type": wire, wire: p.data})
+                    continue
+                inner: dict[str, Any] = {}
+                for name in ("url", "data", "format", "detail"):
+                    v = getattr(p, name)
+                    if v is not None:
+                        inner[name] = v
+                parts.append({"type": wire, wire: inner})
             out["content"] = parts
         if m.name is not None:
             out["name"] = m.name

@@ -61,6 +61,8 @@ class SglangDialect(Dialect):
         "cache-reset": "/flush_cache",  # refused (400, text) while requests run or wait
     }
     health_path: ClassVar[str] = "/health"
+    # the content part types its chat parser takes (read from its code)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "audio-url", "video-url", "input-audio"})
     # Read from its serving_embedding / serving_rerank: each embedding answer is built from the vector alone
     # (no dimensions, no base64), every document is ranked and returned (no top_n).
     endpoint_options: ClassVar[frozenset[str]] = frozenset()
