@@ -74,12 +74,25 @@ def clojure() -> Iterator[object]:
     probe.close()
 
 
+# fixture name -> the tests/_vllm_engine.py configuration it serves
+VLLM_FIXTURES = {"vllm_engine": "default", "vllm_url": "default", "vllm_admission": "admission",
+                 "vllm_pooling": "pooling"}
+
+
 @pytest.fixture(scope="session")
-def vllm_engines() -> Iterator[object]:
-    """The session's real vLLM engines (tests/_vllm_engine.py CONFIGS), each started on first use."""
-    from _vllm_engine import EngineSet
+def vllm_engines(request: pytest.FixtureRequest) -> Iterator[object]:
+    """The session's real vLLM engines (tests/_vllm_engine.py CONFIGS). Every configuration a
+    collected test asks for starts at once, side by side (start-up is mostly one core's imports)."""
+    from _vllm_engine import EngineSet, EngineUnavailable
 
     engines = EngineSet()
+    wanted = {VLLM_FIXTURES[f] for item in request.session.items
+              for f in getattr(item, "fixturenames", ()) if f in VLLM_FIXTURES}
+    try:
+        for name in sorted(wanted):
+            engines.start(name)
+    except EngineUnavailable:
+        pass  # each fixture reports it when used
     yield engines
     engines.stop_all()
 
@@ -115,5 +128,5 @@ def vllm_pooling(vllm_engines: object) -> object:
 
 @pytest.fixture(scope="session")
 def vllm_admission(vllm_engines: object) -> object:
-    """The real engine with `--max-num-seqs 1 --max-num-queued-reqs 1`: its own 503 engine-busy admission."""
+    """The real engine with `--max-num-seqs 1 --max-num-queued-reqs 2` (one runs, one waits): its own 503 engine-busy admission."""
     return _vllm(vllm_engines, "admission")
