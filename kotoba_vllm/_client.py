@@ -237,29 +237,37 @@ class Client(BaseClient):
         self._detected[base] = found
         return found
 
-    def _prepare(self, request: RequestInput) -> Plan:
+    def _prepare(self, request: RequestInput, checked: bool = False) -> Plan:
         req = self._with_defaults(self._to_request(request))
         base = self._base_for(req)
-        return self._plan(req, self._backend_for(base) or self.detect_backend(base), base)
+        return self._plan(req, self._backend_for(base) or self.detect_backend(base), base, checked)
 
     # ------------------------------------------------------------ the surface
 
     @overload
-    def send(self, request: TextRequest, *, timeout: TimeoutArg = None) -> Response: ...
+    def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+             checked: bool = False) -> Response: ...
     @overload
-    def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None) -> EmbeddingResponse: ...
+    def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+             checked: bool = False) -> EmbeddingResponse: ...
     @overload
-    def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None) -> TokenizeResponse: ...
+    def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+             checked: bool = False) -> TokenizeResponse: ...
     @overload
-    def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None) -> DetokenizeResponse: ...
+    def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+             checked: bool = False) -> DetokenizeResponse: ...
     @overload
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse: ...
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+             checked: bool = False) -> AnyResponse: ...
 
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse:
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+             checked: bool = False) -> AnyResponse:
         """Send a typed request or an EDN request map; return the typed answer (its type follows
         the request's: `ChatRequest` -> `Response`, `TokenizeRequest` -> `TokenizeResponse`, ...).
-        A streaming request is consumed and its assembled response returned."""
-        plan = self._prepare(request)
+        A streaming request is consumed and its assembled response returned. `checked=True`: the
+        request already passed the engine-independent checks (a batch entry's `checked`), so only the
+        engine's support is checked before sending."""
+        plan = self._prepare(request, checked)
         t = self._timeout_for(timeout)
         if plan.http.stream:
             return self._open_stream(plan, t).until_done()
@@ -407,27 +415,30 @@ class AsyncClient(BaseClient):
         self._detected[base] = found
         return found
 
-    async def _prepare(self, request: RequestInput) -> Plan:
+    async def _prepare(self, request: RequestInput, checked: bool = False) -> Plan:
         req = self._with_defaults(self._to_request(request))
         base = self._base_for(req)
-        return self._plan(req, self._backend_for(base) or await self.detect_backend(base), base)
+        return self._plan(req, self._backend_for(base) or await self.detect_backend(base), base, checked)
 
     @overload
-    async def send(self, request: TextRequest, *, timeout: TimeoutArg = None) -> Response: ...
+    async def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+                   checked: bool = False) -> Response: ...
     @overload
-    async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None) -> EmbeddingResponse: ...
+    async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+                   checked: bool = False) -> EmbeddingResponse: ...
     @overload
-    async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None) -> TokenizeResponse: ...
+    async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+                   checked: bool = False) -> TokenizeResponse: ...
     @overload
-    async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None) -> DetokenizeResponse: ...
+    async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+                   checked: bool = False) -> DetokenizeResponse: ...
     @overload
-    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse: ...
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+                   checked: bool = False) -> AnyResponse: ...
 
-    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None) -> AnyResponse:
-        # `_prepare` inline: one coroutine fewer per request once the backend is known
-        req = self._with_defaults(self._to_request(request))
-        base = self._base_for(req)
-        plan = self._plan(req, self._backend_for(base) or await self.detect_backend(base), base)
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+                   checked: bool = False) -> AnyResponse:
+        plan = await self._prepare(request, checked)
         t = self._timeout_for(timeout)
         if plan.http.stream:
             return await (await self._open_stream(plan, t)).until_done()

@@ -18,7 +18,7 @@ import cattrs
 
 from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
 from ._errors import EdnWriteError, StructureError
-from ._memo import BoundedMemo
+from ._memo import BoundedMemo, IdentityMemo
 from ._problems import Problem
 
 T = TypeVar("T")
@@ -97,7 +97,7 @@ class _Kw(Codec):
         self.choices = tuple(choices) if choices else None
         self.namespace = namespace
         self.name = "one of " + " ".join(":" + c for c in self.choices) if self.choices else "a keyword"
-        self._text: dict[str, str] = {}  # name -> its checked EDN text
+        self._text: BoundedMemo[str, str] = BoundedMemo(1024)  # name -> its checked EDN text
 
     def to_edn(self, v: Any) -> Edn:
         return kw(f"{self.namespace}/{v}" if self.namespace else v)
@@ -106,8 +106,8 @@ class _Kw(Codec):
         t = self._text.get(v) if type(v) is str else None
         if t is None:
             t = dumps(self.to_edn(v))
-            if type(v) is str and len(self._text) < 1024:
-                self._text[v] = t
+            if type(v) is str:
+                self._text.keep(v, t)
         return t
 
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
@@ -580,32 +580,31 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
         for name, x in extras.items():
             if skipped is not None and name in skipped:
                 continue
-            entry = kept.get(id(x))
-            if entry is not None and entry[0] is x and entry[1] == name:
-                parts.append(entry[2])
+            entry = kept.get(x)
+            if entry is not None and entry[0] == name:
+                parts.append(entry[1])
             else:
                 parts.append((keys.get(name) or _extra_key(name)) + dumps(x))
     return parts
 
 
-# id(value) -> (the value, its extra's name, the entry's "key value" text): an extra a caller puts in many
-# records (a pool's member, why and verdict), written once. The entry holds the value, so while it is kept
-# its id names no other object.
-_KEPT_ENTRIES: BoundedMemo[int, tuple[Any, str, str]] = BoundedMemo(1024)
+# value -> (its extra's name, the entry's "key value" text): an extra a caller puts in many records (a pool's
+# member, why and verdict) as the very same object, written once.
+_KEPT_ENTRIES: IdentityMemo[Any, tuple[str, str]] = IdentityMemo(1024)
 _IMMUTABLE = (str, bool, int, Keyword, type(None))
 
 
 def keep_extra_text(name: str, value: Any) -> None:
     """Keep the record text of the extra `name` holding `value`, for `write_fields` to reuse whenever that
     very object is that extra again. Immutable values only (a kept text must stay true)."""
-    had = _KEPT_ENTRIES.get(id(value))
-    if type(value) not in _IMMUTABLE or had is not None and had[0] is value and had[1] == name:
+    had = _KEPT_ENTRIES.get(value)
+    if type(value) not in _IMMUTABLE or had is not None and had[0] == name:
         return
     try:
         text = (_EXTRA_KEYS.get(name) or _extra_key(name)) + dumps(value)
     except EdnWriteError:
         return  # no text: the record writer says so when it meets the extra
-    _KEPT_ENTRIES.keep(id(value), (value, name, text))
+    _KEPT_ENTRIES.keep(value, (name, text))
 
 
 # extra name -> its "key " text: a pool writes the same four extras into every record

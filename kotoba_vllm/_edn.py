@@ -634,6 +634,38 @@ def _same_place(value: Any, twin: Any, target: object) -> Any:
     return None
 
 
+def plain_edn(v: Any) -> Any:
+    """`v` with every other mapping as a dict and every other sequence as a list, recursively: what
+    `edn_format.loads` returns (its immutable maps and vectors) becomes the plain values our reader
+    makes. `v` itself, and each part of it, when it holds nothing to convert (a located form keeps
+    the identities its positions are found by)."""
+    t = type(v)
+    if t is dict:
+        out = None
+        for k, x in v.items():
+            y = plain_edn(x)
+            if y is not x:
+                if out is None:
+                    out = dict(v)
+                out[k] = y
+        return v if out is None else out
+    if t is list or t is tuple:
+        changed = [plain_edn(x) for x in v]
+        if all(y is x for x, y in zip(changed, v)):
+            return v
+        return changed if t is list else tuple(changed)
+    if t in _ATOMS:
+        return v
+    if isinstance(v, Mapping):
+        return {k: plain_edn(x) for k, x in v.items()}
+    if isinstance(v, Sequence) and not isinstance(v, (str, bytes)):
+        return [plain_edn(x) for x in v]
+    return v
+
+
+_ATOMS = frozenset((str, int, float, bool, type(None), Decimal))
+
+
 def read_all(text: str, source: str = "<string>") -> list[Edn]:
     return [f.value for f in read_forms(text, source)]
 

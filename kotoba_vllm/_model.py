@@ -12,7 +12,7 @@ import attrs
 
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
-from ._edn import Edn, Keyword
+from ._edn import Edn, Keyword, plain_edn
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
@@ -369,7 +369,7 @@ def to_edn(obj: attrs.AttrsInstance) -> dict[Keyword, Edn]:
 def from_edn(m: object, cls: type[T]) -> T:
     """EDN data -> typed value; anything else, or EDN of the wrong shape, raises `StructureError`
     with located problems."""
-    return edn_converter.structure(m, cls)
+    return edn_converter.structure(plain_edn(m), cls)
 
 
 _ = Keyword  # re-exported for typing users

@@ -239,7 +239,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
                     out.flush()
                     deltas.clear()
             return s.response, deltas
-        return await client.send(req, timeout=args.timeout), []
+        return await client.send(req, timeout=args.timeout, checked=e.checked), []
 
     runner = BatchRunner(send, sink, Recorder(out_fmt, args.pretty), concurrency=args.concurrency,
                          window=args.window, existing=existing, progress=progress, deadline_s=_deadline(args))
