@@ -19,7 +19,7 @@ from ._edn import Edn, EdnMap, Keyword, kw
 from ._memo import BoundedMemo
 from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
                       TransportError, Unreachable, ValidationError, register_secret)
-from ._model import (BACKENDS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
+from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
                      GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest)
 from ._openai_messages import MESSAGE_FIELDS, message_to_edn
 from ._origins import TrustedOrigins, origin_of, show
@@ -497,7 +497,7 @@ class BaseClient:
         return to_request(request)
 
     def _with_defaults(self, req: Request) -> Request:
-        if req.model is None and self.model is not None:
+        if req.model is None and self.model is not None and not isinstance(req, CONTROL_REQUESTS):
             return attrs.evolve(req, model=self.model)
         return req
 
@@ -525,7 +525,9 @@ class BaseClient:
             raise self._explain_withheld(classify_error(status, raw, headers, plan.url), plan)
         obj = decode_json(raw)
         if obj is None:
-            raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
+            if plan.request.endpoint not in plan.dialect.text_answers:
+                raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
+            obj = raw.decode("utf-8", "replace")  # a control call's answer in words (vLLM, SGLang), or none
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
             return plan.dialect.parse(plan.request, obj, plan.url, clock)

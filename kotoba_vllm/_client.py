@@ -19,13 +19,15 @@ from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attem
                            RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend,
                            not_event_stream, streaming, transport_error)
 from ._edn import Edn, EdnMap
+from ._endpoint_calls import R, AsyncEndpointCalls, EndpointCalls, checked, embedding_request
 from ._errors import KotobaError, ProtocolError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
-                     ModelsResponse, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
+                     ModelsResponse, Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from ._resend import MAX_RESENDS
 from .dialects import classify_error, get_dialect
 from .dialects._http import decode_json
 from ._wire import Answer, AsyncWire, HttpxSyncWire, HttpxWire, SyncAnswer, SyncWire, default_sync_wire, default_wire
+from .server_config import CONFIG_TIMEOUT, ServerConfig, aserver_configs, server_configs
 
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
 
@@ -163,7 +165,7 @@ class AsyncStream:
         await self.aclose()
 
 
-class Client(BaseClient):
+class Client(BaseClient, EndpointCalls):
     """Synchronous client. `Client(base_url, backend="auto"|"vllm"|"sglang"|"llamacpp"|"openai")`."""
 
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
@@ -310,8 +312,14 @@ class Client(BaseClient):
                           **sampling: Any) -> Stream:
         return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout)
 
-    def embeddings(self, input: str | Iterable[str], *, model: str | None = None) -> EmbeddingResponse:
-        return self.send(EmbeddingRequest(input=input if isinstance(input, str) else tuple(input), model=model))
+    def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
+                   encoding_format: str | None = None) -> EmbeddingResponse:
+        return self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+
+    def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
+        resp = self.send(req, timeout=timeout)
+        assert isinstance(resp, cls)  # each endpoint's dialect parser builds its one response class
+        return resp
 
     def tokenize(self, text: str, *, model: str | None = None, add_special: bool | None = None) -> TokenizeResponse:
         return self.send(TokenizeRequest(text=text, model=model, add_special=add_special))
@@ -331,6 +339,16 @@ class Client(BaseClient):
             raise classify_error(r.status_code, r.content, r.headers, url)
         return dialect.parse_models(decode_json(r.content), url)
 
+    def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:
+        """What this client's server says it runs: engine and version, model, context, slots, parallel
+        sizes, speculative and KV cache settings, each field with the endpoint and key it came from and
+        `:unreported` where the engine does not say. Never raises for a server that fails: its answer is
+        unmeasured, with the reason. Asks this client's own base URL only (its key goes nowhere else)."""
+        [cfg] = server_configs([self.base_url], self._backend_for(self.base_url) or "auto", http=self._wire,
+                               timeout=CONFIG_TIMEOUT if timeout is None else self._timeout_for(timeout),
+                               detected=self._detected)
+        return cfg
+
     def health(self) -> Health:
         """Never raises for an answer: `ok` false with the status and the server's message."""
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
@@ -345,7 +363,7 @@ class Client(BaseClient):
                       backend=self._backend_for(self.base_url), detail=detail)
 
 
-class AsyncClient(BaseClient):
+class AsyncClient(BaseClient, AsyncEndpointCalls):
     """Asynchronous twin of `Client`: aiohttp by default, or a caller's `httpx.AsyncClient` as `http_client`."""
 
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
@@ -484,8 +502,14 @@ class AsyncClient(BaseClient):
         return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
                                  timeout=timeout)
 
-    async def embeddings(self, input: str | Iterable[str], *, model: str | None = None) -> EmbeddingResponse:
-        return await self.send(EmbeddingRequest(input=input if isinstance(input, str) else tuple(input), model=model))
+    async def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
+                         encoding_format: str | None = None) -> EmbeddingResponse:
+        return await self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+
+    async def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
+        resp = await self.send(req, timeout=timeout)
+        assert isinstance(resp, cls)  # each endpoint's dialect parser builds its one response class
+        return resp
 
     async def tokenize(self, text: str, *, model: str | None = None,
                        add_special: bool | None = None) -> TokenizeResponse:
@@ -505,6 +529,13 @@ class AsyncClient(BaseClient):
         if r.status_code >= 400:
             raise classify_error(r.status_code, r.content, r.headers, url)
         return dialect.parse_models(decode_json(r.content), url)
+
+    async def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:
+        """`Client.server_config`, awaited."""
+        [cfg] = await aserver_configs([self.base_url], self._backend_for(self.base_url) or "auto", http=self._wire,
+                                      timeout=CONFIG_TIMEOUT if timeout is None else self._timeout_for(timeout),
+                                      detected=self._detected)
+        return cfg
 
     async def health(self) -> Health:
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")

@@ -15,7 +15,10 @@ from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF
 from ._edn import Edn, Keyword, plain_edn
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
-ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize")
+ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize",
+             # pooling-model endpoints, then server control (see _endpoint_calls.py and dialects/_endpoints.py)
+             "rerank", "score", "classify", "pooling",
+             "lora-list", "lora-load", "lora-unload", "lora-scale", "cache-reset", "slot")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
 PROVENANCES = ("server-reported", "client-measured", "unavailable")
 ENGINE_NAMESPACES = ("llamacpp", "sglang")
@@ -130,6 +133,9 @@ class GenerateRequest:
 class EmbeddingRequest:
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
+    dimensions: int | None = edn_field("vllm/dimensions", INT)  # a Matryoshka model's shorter vector
+    # :base64 answers are decoded to floats here: the typed answer is the same either way
+    encoding_format: str | None = edn_field("vllm/encoding-format", KW("float", "base64"))
     base_url: str | None = edn_field("vllm/base-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
@@ -165,12 +171,177 @@ class DetokenizeRequest:
     endpoint = "detokenize"
 
 
+# ------------------------------------------------------------------ pooling-model endpoints
+
+
+class _NotStreamed:
+    """A request answered whole, with no sampling."""
+
+    stream = None
+    sampling = None
+
+
+class _ControlCall(_NotStreamed):
+    """A server-control request: it names no model."""
+
+    model = None
+
+
+@register
+@attrs.frozen
+class RerankRequest(_NotStreamed):
+    """Documents ranked against a query (`/v1/rerank`: vLLM, SGLang, llama.cpp started with `--rerank`)."""
+
+    query: str = edn_field("vllm/query", STR, default=REQUIRED)
+    documents: tuple[str, ...] = edn_field("vllm/documents", MANY(STR), default=REQUIRED)
+    top_n: int | None = edn_field("vllm/top-n", INT)
+    model: str | None = edn_field("vllm/model", STR)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "rerank"
+
+
+@register
+@attrs.frozen
+class ScoreRequest(_NotStreamed):
+    """Pairwise scores of `text_1` against `text_2` (vLLM `/score`; one text against many, or pairwise)."""
+
+    text_1: str | tuple[str, ...] = edn_field("vllm/text-1", ONE_OF(STR, MANY(STR)), default=REQUIRED)
+    text_2: str | tuple[str, ...] = edn_field("vllm/text-2", ONE_OF(STR, MANY(STR)), default=REQUIRED)
+    model: str | None = edn_field("vllm/model", STR)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "score"
+
+
+@register
+@attrs.frozen
+class ClassifyRequest(_NotStreamed):
+    """Class probabilities per input (vLLM `/classify`, a sequence-classification model)."""
+
+    input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
+    model: str | None = edn_field("vllm/model", STR)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "classify"
+
+
+POOLING_TASKS = ("embed", "classify", "score", "token-embed", "token-classify")
+
+
+@register
+@attrs.frozen
+class PoolingRequest(_NotStreamed):
+    """The pooler's raw output per input (vLLM `/pooling`); `task` picks the pooler where a model has several."""
+
+    input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
+    task: str | None = edn_field("vllm/task", KW(*POOLING_TASKS))
+    model: str | None = edn_field("vllm/model", STR)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "pooling"
+
+
+# ------------------------------------------------------------------ server control (LoRA adapters, caches)
+
+
+@register
+@attrs.frozen
+class LoraListRequest(_ControlCall):
+    """The LoRA adapters the server holds (vLLM and SGLang: `/v1/models` entries with a parent; llama.cpp `GET /lora-adapters`)."""
+
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "lora-list"
+
+
+@register
+@attrs.frozen
+class LoraLoadRequest(_ControlCall):
+    """Load an adapter at run time (vLLM `/v1/load_lora_adapter`, SGLang `/load_lora_adapter`)."""
+
+    lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
+    lora_path: str = edn_field("vllm/lora-path", STR, default=REQUIRED)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "lora-load"
+
+
+@register
+@attrs.frozen
+class LoraUnloadRequest(_ControlCall):
+    lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "lora-unload"
+
+
+@register
+@attrs.frozen
+class LoraScale:
+    id: int = edn_field("vllm/id", INT, default=REQUIRED)
+    scale: float = edn_field("vllm/scale", NUM, default=REQUIRED)
+
+
+@register
+@attrs.frozen
+class LoraScaleRequest(_ControlCall):
+    """Set the global scale of adapters loaded at start (llama.cpp `POST /lora-adapters`; 0 switches one off)."""
+
+    adapters: tuple[LoraScale, ...] = edn_field("vllm/adapters", MANY(NESTED(LoraScale)), default=REQUIRED)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "lora-scale"
+
+
+@register
+@attrs.frozen
+class CacheResetRequest(_ControlCall):
+    """Drop the whole prefix cache (vLLM `/reset_prefix_cache`, SGLang `/flush_cache`)."""
+
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "cache-reset"
+
+
+SLOT_ACTIONS = ("save", "restore", "erase")
+
+
+@register
+@attrs.frozen
+class SlotRequest(_ControlCall):
+    """Save, restore or erase one slot's cache (llama.cpp `/slots/{id}?action=..`, needs `--slot-save-path`).
+    `filename` (save, restore) is a bare name inside the server's slot-save directory."""
+
+    action: str = edn_field("vllm/action", KW(*SLOT_ACTIONS), default=REQUIRED)
+    slot_id: int = edn_field("vllm/slot-id", INT, default=REQUIRED)
+    filename: str | None = edn_field("vllm/filename", STR)
+    base_url: str | None = edn_field("vllm/base-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    endpoint = "slot"
+
+
 TextRequest = Union[ChatRequest, CompletionRequest, GenerateRequest]
 """The requests answered with generated text (a `Response`); the ones that can stream."""
 Request = Union[ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest,
-                DetokenizeRequest]
+                DetokenizeRequest, RerankRequest, ScoreRequest, ClassifyRequest, PoolingRequest, LoraListRequest,
+                LoraLoadRequest, LoraUnloadRequest, LoraScaleRequest, CacheResetRequest, SlotRequest]
 TEXT_REQUESTS = (ChatRequest, CompletionRequest, GenerateRequest)
-REQUEST_TYPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest)
+CONTROL_REQUESTS = (LoraListRequest, LoraLoadRequest, LoraUnloadRequest, LoraScaleRequest, CacheResetRequest,
+                    SlotRequest)
+REQUEST_TYPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest,
+                 RerankRequest, ScoreRequest, ClassifyRequest, PoolingRequest, LoraListRequest, LoraLoadRequest,
+                 LoraUnloadRequest, LoraScaleRequest, CacheResetRequest, SlotRequest)
 REQUEST_CLASSES: dict[str, type[Request]] = {c.endpoint: c for c in REQUEST_TYPES}
 
 
@@ -354,7 +525,110 @@ class Health:
     detail: str | None = edn_field("vllm/detail", STR)
 
 
-AnyResponse = Union[Response, EmbeddingResponse, TokenizeResponse, DetokenizeResponse]
+@register
+@attrs.frozen
+class RerankResult:
+    index: int = edn_field("vllm/index", INT, default=REQUIRED)  # the document's position in the request
+    score: float = edn_field("vllm/score", NUM, default=REQUIRED)  # the server's relevance score
+    document: str | None = edn_field("vllm/document", STR)
+
+
+@register
+@attrs.frozen
+class RerankResponse:
+    """Best first, as every engine answers; `results[i].index` is the document's position in the request."""
+
+    results: tuple[RerankResult, ...] = edn_field("vllm/results", MANY(NESTED(RerankResult)), default=())
+    id: str | None = edn_field("vllm/id", STR)
+    model: str | None = edn_field("vllm/model", STR)
+    usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class ScoreResponse:
+    scores: tuple[float, ...] = edn_field("vllm/scores", MANY(NUM), default=())  # in pair order
+    id: str | None = edn_field("vllm/id", STR)
+    model: str | None = edn_field("vllm/model", STR)
+    usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class ClassifyResult:
+    index: int = edn_field("vllm/index", INT, default=REQUIRED)
+    label: str | None = edn_field("vllm/label", STR)
+    probs: tuple[float, ...] = edn_field("vllm/probs", MANY(NUM), default=())
+    num_classes: int | None = edn_field("vllm/num-classes", INT)
+
+
+@register
+@attrs.frozen
+class ClassifyResponse:
+    results: tuple[ClassifyResult, ...] = edn_field("vllm/results", MANY(NESTED(ClassifyResult)), default=())
+    id: str | None = edn_field("vllm/id", STR)
+    model: str | None = edn_field("vllm/model", STR)
+    usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class PoolingResponse:
+    """One pooler output per input, in input order, as the server shaped it (a vector, or one per token)."""
+
+    data: tuple[Edn, ...] = edn_field("vllm/data", MANY(JSON), default=())
+    id: str | None = edn_field("vllm/id", STR)
+    model: str | None = edn_field("vllm/model", STR)
+    usage: Usage | None = edn_field("vllm/usage", NESTED(Usage))
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class LoraAdapter:
+    name: str | None = edn_field("vllm/name", STR)  # vLLM, SGLang: the name requests use as model
+    path: str | None = edn_field("vllm/path", STR)
+    id: int | None = edn_field("vllm/id", INT)  # llama.cpp: the index requests and scales use
+    scale: float | None = edn_field("vllm/scale", NUM)
+
+
+@register
+@attrs.frozen
+class LoraAdaptersResponse:
+    adapters: tuple[LoraAdapter, ...] = edn_field("vllm/adapters", MANY(NESTED(LoraAdapter)), default=())
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+@register
+@attrs.frozen
+class ControlResponse:
+    """What a control call (LoRA load/unload/scale, cache reset, slot action) answered: `ok`, the server's
+    own words (`message`: its text answer or error message) and its JSON answer whole (`detail`)."""
+
+    endpoint: str = edn_field("vllm/endpoint", KW(*ENDPOINTS), default=REQUIRED)
+    ok: bool = edn_field("vllm/ok", BOOL, default=REQUIRED)
+    message: str | None = edn_field("vllm/message", STR)
+    detail: Edn = edn_field("vllm/detail", JSON)
+    backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
+    endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
+    request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+
+
+AnyResponse = Union[Response, EmbeddingResponse, TokenizeResponse, DetokenizeResponse, RerankResponse, ScoreResponse,
+                    ClassifyResponse, PoolingResponse, LoraAdaptersResponse, ControlResponse]
 
 
 T = TypeVar("T")

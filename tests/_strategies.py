@@ -103,6 +103,7 @@ engine_extras = st.dictionaries(_extra_keys, json_like, max_size=3)
 _common = {K("vllm/model"): texts, K("vllm/base-url"): st.just("http://localhost:8000"),
            K("vllm/request-id"): texts | st.integers(0, 10**6)}
 _sampled = {**_common, K("vllm/sampling"): sampling_maps, K("vllm/stream"): st.booleans()}
+_control = {K("vllm/base-url"): st.just("http://localhost:8000"), K("vllm/request-id"): texts | st.integers(0, 10**6)}
 
 
 def _request(endpoint: str, required: dict[Keyword, st.SearchStrategy[Any]],
@@ -119,9 +120,27 @@ request_maps_by_endpoint: dict[str, st.SearchStrategy[dict[Keyword, Any]]] = {
                            _sampled),
     "generate": _request("generate", {K("vllm/prompt"): texts | st.lists(st.integers(0, 50000), max_size=6)},
                          _sampled),
-    "embedding": _request("embedding", {K("vllm/input"): texts | st.lists(texts, max_size=3)}, _common),
+    "embedding": _request("embedding", {K("vllm/input"): texts | st.lists(texts, max_size=3)},
+                          {**_common, K("vllm/dimensions"): st.integers(1, 4096),
+                           K("vllm/encoding-format"): st.sampled_from(["float", "base64"]).map(kw)}),
     "tokenize": _request("tokenize", {K("vllm/text"): texts}, {**_common, K("vllm/add-special"): st.booleans()}),
     "detokenize": _request("detokenize", {K("vllm/tokens"): st.lists(st.integers(0, 50000), max_size=6)}, _common),
+    "rerank": _request("rerank", {K("vllm/query"): texts, K("vllm/documents"): st.lists(texts, min_size=1, max_size=3)},
+                       {**_common, K("vllm/top-n"): st.integers(1, 5)}),
+    "score": _request("score", {K("vllm/text-1"): texts | st.lists(texts, max_size=3),
+                                K("vllm/text-2"): texts | st.lists(texts, max_size=3)}, _common),
+    "classify": _request("classify", {K("vllm/input"): texts | st.lists(texts, max_size=3)}, _common),
+    "pooling": _request("pooling", {K("vllm/input"): texts | st.lists(texts, max_size=3)},
+                        {**_common, K("vllm/task"): st.sampled_from(["embed", "classify", "token-embed"]).map(kw)}),
+    "lora-list": _request("lora-list", {}, _control),
+    "lora-load": _request("lora-load", {K("vllm/lora-name"): texts, K("vllm/lora-path"): texts}, _control),
+    "lora-unload": _request("lora-unload", {K("vllm/lora-name"): texts}, _control),
+    "lora-scale": _request("lora-scale", {K("vllm/adapters"): st.lists(st.fixed_dictionaries(
+        {K("vllm/id"): st.integers(0, 8), K("vllm/scale"): st.floats(0.0, 2.0)}), min_size=1, max_size=3)},
+        _control),
+    "cache-reset": _request("cache-reset", {}, _control),
+    "slot": _request("slot", {K("vllm/action"): st.sampled_from(["save", "restore", "erase"]).map(kw),
+                              K("vllm/slot-id"): st.integers(0, 4)}, {**_control, K("vllm/filename"): texts}),
 }
 assert set(request_maps_by_endpoint) == set(ENDPOINTS)
 request_maps = st.one_of(*request_maps_by_endpoint.values())

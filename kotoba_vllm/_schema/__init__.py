@@ -12,20 +12,29 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._edn import kw, pretty
-from .._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, EmbeddingRequest, Figure,
-                      GenerateRequest, Message, Response, Sampling, StreamDelta, Timings, TokenizeRequest, ToolCall,
-                      Usage)
+from .._model import (CacheResetRequest, ChatRequest, Choice, ClassifyRequest, ClassifyResponse, ClassifyResult,
+                      CompletionRequest, ContentPart, ControlResponse, DetokenizeRequest, EmbeddingRequest, Figure,
+                      GenerateRequest, LoraAdapter, LoraAdaptersResponse, LoraListRequest, LoraLoadRequest, LoraScale,
+                      LoraScaleRequest, LoraUnloadRequest, Message, PoolingRequest, PoolingResponse, RerankRequest,
+                      RerankResponse, RerankResult, Response, Sampling, ScoreRequest, ScoreResponse, SlotRequest,
+                      StreamDelta, Timings, TokenizeRequest, ToolCall, Usage)
 from .._sampling import KNOBS_BY_ATTR, SAMPLING_TABLE
 from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
 from ..dialects import DIALECTS, Dialect
+from ..dialects._endpoints import EMBEDDING_OPTIONS
 from ..distributed._spec import KIND_TEXT, KOTODAMA_ALIASES, TABLES
 from ..pool import PoolConfig
+from ..server_config import FIELDS, READS
 from . import _samples
 from ._observed import observe
 from ._typed import codec_shapes, kind_shapes
 
 SHAPES = (ChatRequest, CompletionRequest, GenerateRequest, EmbeddingRequest, TokenizeRequest, DetokenizeRequest,
-          Message, ContentPart, ToolCall, Sampling, Response, Choice, Usage, Timings, Figure, StreamDelta)
+          RerankRequest, ScoreRequest, ClassifyRequest, PoolingRequest, LoraListRequest, LoraLoadRequest,
+          LoraUnloadRequest, LoraScale, LoraScaleRequest, CacheResetRequest, SlotRequest,
+          Message, ContentPart, ToolCall, Sampling, Response, Choice, Usage, Timings, Figure, StreamDelta,
+          RerankResponse, RerankResult, ScoreResponse, ClassifyResponse, ClassifyResult, PoolingResponse,
+          LoraAdaptersResponse, LoraAdapter, ControlResponse)
 SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 REQUEST_REF = "shapes.edn (a request map)"
 
@@ -45,6 +54,8 @@ def engine(d: Dialect) -> dict[Any, Any]:
         kw("engine/routes"): {kw(ep): path for ep, path in d.routes.items()},
         kw("engine/models-path"): d.models_path,
         kw("engine/health-path"): d.health_path,
+        kw("engine/embedding-options"): sorted((kw(EMBEDDING_OPTIONS[a]) for a in d.embedding_options),
+                                                key=lambda k: k.name),
         kw("engine/sampling"): {kw(ep): sorted((kw(KNOBS_BY_ATTR[a].key) for a in attrs_),
                                                key=lambda k: k.name)
                                 for ep, attrs_ in d.sampling_support.items()},
@@ -92,6 +103,17 @@ def ray_batch() -> dict[Any, Any]:
             kw("shape/RayRow"): {kw(f"column/{name}"): typ for name, typ in {INDEX: "int64", **COLUMNS}.items()}}
 
 
+def server_config() -> dict[Any, Any]:
+    return {kw("shape/ServerConfig"): observe(_samples.server_config_samples(),
+                                              {"config/fields": "a map of :config/<field> (below) -> a field"}),
+            kw("shape/fields"): {kw("config/" + n): means for n, means in FIELDS.items()},
+            kw("shape/field"): "{:config/value v :config/source {:config/path p :config/key [k ..]} :config/means "
+                               "s} or {:config/value v :config/derived-from [source ..] :config/how s} (reported), "
+                               ":unreported (the engine does not say), or {:config/unmeasured \"why\"}",
+            kw("shape/sources"): {kw(e): {kw("config/" + n): f"{r.path} {'.'.join(map(str, r.key))}"
+                                         for n, r in rows.items()} for e, rows in READS.items()}}
+
+
 def bench() -> dict[Any, Any]:
     return {kw("shape/bench-result"): observe(_samples.bench_samples())}
 
@@ -113,6 +135,9 @@ FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
                 "columns\n;; each output row adds to its input row (kotoba_vllm/ray/_rows.py COLUMNS, Arrow types)",
                 ray_batch),
     "bench.edn": ("One bench result row. Observed: what bench._report.summary_edn writes for sample rows", bench),
+    "server-config.edn": ("What a server says it runs (`inspect`, `Client.server_config()`). Observed: what "
+                          "ServerConfig.to_edn writes\n;; for the recorded answers of each engine; fields and their "
+                          "sources from kotoba_vllm/server_config/_read.py", server_config),
 }
 GEN = "by `python -m kotoba_vllm._schema --write`."
 

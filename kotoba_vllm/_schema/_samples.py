@@ -17,7 +17,9 @@ from ..bench._metrics import Rate, ServerRates
 from ..bench._report import summary_edn
 from ..bench._stats import Sample, summarize_group
 from ..cassettes import Cassette, load_cassettes
+from ..capacity import Fetched
 from ..distributed import plan, spec_from_edn
+from ..server_config import read_config, unmeasured_config
 
 
 def plan_samples() -> list[dict[Any, Any]]:
@@ -34,12 +36,24 @@ def plan_samples() -> list[dict[Any, Any]]:
                 kw("link/mbps"): 933.0, kw("link/bytes"): 67108864, kw("link/ms"): 575.0}
     failed = {kw("link/from"): "n1", kw("link/to"): "n2", kw("link/method"): kw("receiver-verified"),
               kw("link/failure"): "short transfer"}
+    def fleet(roles: bool = False) -> dict[Any, Any]:
+        raw = spec(2, [], **{"dist/context-length": 4096, "dist/slots": 8, "dist/memory-fraction": 0.85,
+                             "dist/kv-cache-bytes": 8_000_000_000,
+                             "dist/speculative": {kw("speculative/method"): kw("draft"),
+                                                  kw("speculative/draft-model"): "/d", kw("speculative/tokens"): 4}})
+        raw[kw("dist/model")][kw("model/experts")] = 64
+        for i, n in enumerate(raw[kw("dist/nodes")]):
+            n.update({kw("node/accelerators"): 4, kw("node/accelerator-memory-bytes"): 8_000_000_000,
+                      kw("node/serve-port"): 8100 + i, **({kw("node/role"): kw(("prefill", "decode")[i])}
+                                                         if roles else {})})
+        return raw
+
     out = []
     for raw, engine in ((spec(1, []), "vllm"), (spec(2, [verified], **{"dist/engine": kw("llamacpp")}), None),
-                        (spec(3, [verified, failed]), "sglang")):
+                        (spec(3, [verified, failed]), "sglang"), (fleet(), "vllm"), (fleet(roles=True), "sglang")):
         s, problems = spec_from_edn(raw)
-        p, _ = plan(s, engine) if s is not None else (None, problems)
-        assert p is not None, problems
+        p, more = plan(s, engine) if s is not None else (None, [])
+        assert p is not None, problems + more
         out.append(p.to_edn())
     return out
 
@@ -89,3 +103,20 @@ def bench_samples() -> list[dict[Any, Any]]:
             summary_edn(attrs.evolve(row, server=ServerRates(None, Rate(None, None, None), Rate(None, None, None),
                                                              problem="no /metrics"))),
             summary_edn(summarize_group("http://h:8080", "http://h:8080", 1, []))]
+
+
+def server_config_samples() -> list[dict[Any, Any]]:
+    """Each engine's recorded configuration answers read back, a failed path, and an unreachable server."""
+    by_name = {(c.engine, c.path): c for c in load_cassettes() if c.how == "recorded" and c.op in ("probe", "models")}
+    paths = {"llamacpp": ("/props", "/slots", "/v1/models"), "sglang": ("/server_info",),
+             "vllm": ("/version", "/v1/models", "/metrics")}
+    out = []
+    for engine, ps in paths.items():
+        got = {p: Fetched(p, by_name[(engine, p)].status, by_name[(engine, p)].body or b"", ms=1.0)
+               for p in ps if (engine, p) in by_name}
+        out.append(read_config(f"http://{engine}:1", engine, got, at="2026-12-01T00:00:00.000Z").to_edn())
+    failed = {"/props": Fetched("/props", 501, b"no"), "/slots": Fetched("/slots", error="refused"),
+              "/v1/models": Fetched("/v1/models", 200, b'{"data": [{"id": "m"}]}')}
+    out.append(read_config("http://x:1", "llamacpp", failed).to_edn())
+    out.append(unmeasured_config("http://x:1", None, "backend detection failed", reachable=False).to_edn())
+    return out

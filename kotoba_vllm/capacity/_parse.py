@@ -70,6 +70,11 @@ def _json(body: bytes, path: str) -> Any:
         raise Unparsable(f"GET {path}: not JSON ({e})") from None
 
 
+def json_body(f: Fetched) -> Any:
+    """A probe's JSON answer, or Unparsable naming the path."""
+    return _json(f.body, f.path)
+
+
 # ------------------------------------------------------------------ Prometheus text
 
 
@@ -103,6 +108,37 @@ def metric_sums(text: str, names: Iterable[str]) -> dict[str, MetricSum]:
     except (ValueError, TypeError, IndexError, KeyError, OverflowError, RecursionError) as e:
         raise Unparsable(f"not Prometheus text ({e})") from None
     return {n: MetricSum(sum(v), len(v)) for n, v in acc.items()}
+
+
+@attrs.frozen
+class Sample:
+    """One series of a metric: its labels and value (info gauges carry their facts in labels)."""
+
+    labels: dict[str, str]
+    value: float
+
+
+def metric_samples(text: str, names: Iterable[str]) -> dict[str, list[Sample]]:
+    """Each named metric's series, rank 0 only (as `metric_sums`), in the order the text gives them."""
+    wanted = set(names)
+    acc: dict[str, list[Sample]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in wanted and all(s.labels.get(r, "0") == "0" for r in _RANK_LABELS):
+                    acc.setdefault(s.name, []).append(Sample(dict(s.labels), float(s.value)))
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError, RecursionError) as e:
+        raise Unparsable(f"not Prometheus text ({e})") from None
+    return acc
+
+
+def prometheus_samples(f: Fetched, names: Iterable[str]) -> dict[str, list[Sample]]:
+    try:
+        return metric_samples(f.body.decode("utf-8"), names)
+    except UnicodeDecodeError as e:
+        raise Unparsable(f"GET {f.path}: not UTF-8 text ({e})") from None
+    except Unparsable as e:
+        raise Unparsable(f"GET {f.path}: {e}") from None
 
 
 def prometheus(f: Fetched, names: Iterable[str]) -> dict[str, MetricSum]:

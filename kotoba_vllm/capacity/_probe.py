@@ -153,12 +153,8 @@ def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "au
     client = http or httpx.Client(timeout=timeout)
     try:
         at = now_iso()
-        known, reasons = _resolve(eps, bs, detected)
-        todo = [i for i, b in enumerate(known) if b == "auto"]
-        if todo:
-            det = fetch_all(client, [(eps[i], p) for i in todo for p, _ in DETECTION_PROBES], headers=headers,
-                            timeout=timeout, executor=executor)
-            _apply_detection(eps, known, reasons, todo, det, detected)
+        known, reasons = detect_all(client, eps, bs, headers=headers, timeout=timeout, detected=detected,
+                                    executor=executor)
         got = fetch_all(client, _plan(eps, [b or "" for b in known], load_tracked), headers=headers,
                         timeout=timeout, executor=executor)
         return _answers(eps, known, reasons, got, at, load_tracked)
@@ -231,12 +227,7 @@ async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str
     client = http or httpx.AsyncClient(timeout=timeout)
     try:
         at = now_iso()
-        known, reasons = _resolve(eps, bs, detected)
-        todo = [i for i, b in enumerate(known) if b == "auto"]
-        if todo:
-            det = await afetch_all(client, [(eps[i], p) for i in todo for p, _ in DETECTION_PROBES],
-                                   headers=headers, timeout=timeout)
-            _apply_detection(eps, known, reasons, todo, det, detected)
+        known, reasons = await adetect_all(client, eps, bs, headers=headers, timeout=timeout, detected=detected)
         got = await afetch_all(client, _plan(eps, [b or "" for b in known], load_tracked), headers=headers,
                                timeout=timeout)
         return _answers(eps, known, reasons, got, at, load_tracked)
@@ -254,3 +245,37 @@ async def aprobe_pool(endpoints: Sequence[str], backend: str | Sequence[str] = "
                       **kwargs: object) -> PoolCapacity:
     # arg-type: kwargs are aprobe_endpoints' keyword arguments, passed through unchanged.
     return merge_pool_capacity(await aprobe_endpoints(endpoints, backend, **kwargs), at=now_iso())  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ detection for other probes
+
+
+def detect_all(http: httpx.Client | SyncWire, endpoints: Sequence[str], backends: Sequence[str], *,
+               headers: Mapping[str, str] | None = None, timeout: httpx.Timeout = PROBE_TIMEOUT,
+               detected: dict[str, str] | None = None, executor: Executor | None = None
+               ) -> tuple[list[str | None], list[str | None]]:
+    """Each endpoint's backend (auto ones asked at once) and, where none was found, why."""
+    known, reasons = _resolve(endpoints, backends, detected)
+    todo = [i for i, b in enumerate(known) if b == "auto"]
+    if todo:
+        det = fetch_all(http, [(endpoints[i], p) for i in todo for p, _ in DETECTION_PROBES], headers=headers,
+                        timeout=timeout, executor=executor)
+        _apply_detection(endpoints, known, reasons, todo, det, detected)
+    return known, reasons
+
+
+async def adetect_all(http: httpx.AsyncClient | AsyncWire, endpoints: Sequence[str], backends: Sequence[str], *,
+                      headers: Mapping[str, str] | None = None, timeout: httpx.Timeout = PROBE_TIMEOUT,
+                      detected: dict[str, str] | None = None) -> tuple[list[str | None], list[str | None]]:
+    known, reasons = _resolve(endpoints, backends, detected)
+    todo = [i for i, b in enumerate(known) if b == "auto"]
+    if todo:
+        det = await afetch_all(http, [(endpoints[i], p) for i in todo for p, _ in DETECTION_PROBES],
+                               headers=headers, timeout=timeout)
+        _apply_detection(endpoints, known, reasons, todo, det, detected)
+    return known, reasons
+
+
+def normalise_endpoints(endpoints: Sequence[str], backend: str | Sequence[str]) -> tuple[list[str], list[str]]:
+    """Server roots and one checked backend per endpoint (a ConfigError otherwise)."""
+    return _normalise(endpoints, backend)

@@ -41,10 +41,21 @@ MODELED: dict[str, frozenset[str]] = {
     "sglang-generate": frozenset(("text", "output_ids", "meta_info.*")),
     # SGLang's scheduler ending a request (queue full among others): an error, read from its finish reason
     "sglang-abort": frozenset(("text", "output_ids", "meta_info.*")),
-    "embedding": frozenset(("data[].embedding", "data[].index", "model") + _USAGE),
+    "embedding": frozenset(("data[].embedding", "data[].index", "data[].encoding_format", "model") + _USAGE),
     "tokenize": frozenset(("tokens", "tokens[].id")),
     "detokenize": frozenset(("prompt", "content", "text")),
     "models": frozenset(("data[].id", "data[].owned_by", "data[].max_model_len")),
+    # vLLM and llama.cpp answer an object with results, SGLang a bare list
+    "rerank": frozenset(("id", "model", "results[].index", "results[].relevance_score", "results[].document.text",
+                         "results[].document", "results[].text") + _USAGE),
+    "rerank-list": frozenset(("[].index", "[].score", "[].document")),
+    "score": frozenset(("id", "model", "data[].index", "data[].score") + _USAGE),
+    "classify": frozenset(("id", "model", "data[].index", "data[].label", "data[].probs", "data[].probabilities",
+                           "data[].num_classes") + _USAGE),
+    "pooling": frozenset(("id", "model", "data[].index", "data[].data.*") + _USAGE),
+    "lora-list": frozenset(("[].id", "[].path", "[].scale", "[].task_name", "data[].id", "data[].root",
+                            "data[].parent")),
+    "control": frozenset(("*",)),  # kept whole, as :vllm/detail
     # classify_error keeps message and type, and every scalar field of the error object as details
     "error": frozenset(("error.*", "object", "message", "type", "code", "param", "detail")),
 }
@@ -67,7 +78,13 @@ REQUIRED: dict[tuple[str, str], tuple[str, ...]] = {
     ("embedding", "embedding"): ("data[].embedding",),
     ("tokenize", "tokenize"): ("tokens",),
     ("models", "models"): ("data[].id",),
+    ("rerank", "rerank"): ("results[].index", "results[].relevance_score"),
+    ("rerank-list", "rerank"): ("[].index", "[].score"),
+    ("score", "score"): ("data[].score",),
+    ("classify", "classify"): ("data[].probs",),
+    ("pooling", "pooling"): ("data[].data",),
 }
+_CONTROL = frozenset(("lora-load", "lora-unload", "lora-scale", "cache-reset", "slot"))
 # llama.cpp's own prefill/decode split (DESIGN §5) is relied on wherever it answers.
 LLAMACPP_TIMINGS = ("timings.prompt_n", "timings.prompt_ms", "timings.predicted_n", "timings.predicted_ms")
 
@@ -94,7 +111,7 @@ def field_paths(v: Any, prefix: str = "") -> Iterator[str]:
 
 
 def _covered(path: str, modeled: frozenset[str]) -> bool:
-    if path in modeled or path in IGNORED:
+    if path in modeled or path in IGNORED or "*" in modeled:
         return True
     for m in modeled:
         if m.endswith(".*"):
@@ -118,8 +135,12 @@ def _shape(c: Cassette, endpoint: str | None, obj: Any) -> str:
             return "sglang-abort"
     if endpoint == "generate":
         return "sglang-generate" if c.backend == "sglang" else "llamacpp-native"
-    if endpoint in ("embedding", "tokenize", "detokenize"):
+    if endpoint == "rerank" and isinstance(obj, list):
+        return "rerank-list"
+    if endpoint in ("embedding", "tokenize", "detokenize", "rerank", "score", "classify", "pooling", "lora-list"):
         return endpoint
+    if endpoint in _CONTROL:
+        return "control"
     return "openai-chunk" if c.streaming else "openai-body"
 
 

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from .._edn import Keyword, keyword_or_string, kw
+from ._endpoint_expect import CONTROL, POOLING, embedding_dims, endpoint_expect
 from ._format import sse_payloads
 
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
@@ -214,7 +215,9 @@ def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def body_expect(endpoint: str, engine: str, obj: Any) -> dict[Keyword, Any]:
+def body_expect(endpoint: str, engine: str, obj: Any, raw: bytes = b"") -> dict[Keyword, Any]:
+    if endpoint in POOLING or endpoint in CONTROL:
+        return endpoint_expect(endpoint, obj, raw)
     if not isinstance(obj, dict):
         return {}
     out: dict[Keyword, Any] = {}
@@ -228,7 +231,7 @@ def body_expect(endpoint: str, engine: str, obj: Any) -> dict[Keyword, Any]:
     if endpoint == "embedding":
         data = obj.get("data") or []
         return {kw("expect/embeddings"): len(data),
-                kw("expect/dims"): len(data[0].get("embedding") or []) if data else 0}
+                kw("expect/dims"): embedding_dims(data[0]) if data else 0}
     server_ms = isinstance(obj.get("timings"), dict) and "prompt_ms" in obj["timings"]
     reported: dict[Keyword, Any] = {}
     if endpoint == "generate" and engine == "sglang":
@@ -295,4 +298,4 @@ def expect_for(op: str, endpoint: str | None, engine: str, status: int, headers:
         return {kw("expect/models"): [m.get("id") for m in (obj or {}).get("data", []) if isinstance(m, dict)]}
     if streaming:
         return stream_expect(endpoint or "", engine, raw)
-    return body_expect(endpoint or "", engine, obj)
+    return body_expect(endpoint or "", engine, obj, raw)

@@ -23,6 +23,7 @@ from .._requests import request_from_edn
 from ._format import KEPT_HEADERS, Cassette, write_cassette
 from ..dialects import get_dialect
 from ..local import LlamaServer, build_string
+from ..server_config import redacted_body
 from ._expect import expect_for
 
 RECORD_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
@@ -293,6 +294,8 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
             ctype = headers.get("content-type", "")
             streaming = "text/event-stream" in ctype
             raw = b"".join(chunks)
+            if not streaming:
+                raw = redacted_body(raw)  # a server's own secrets (SGLang's /server_info api_key) never land
             if fingerprint is None and not streaming:
                 try:
                     obj = json.loads(raw)

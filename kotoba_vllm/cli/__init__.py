@@ -18,9 +18,12 @@ COMMANDS: dict[str, str] = {
     "local": "kotoba_vllm.cli.local",
     "record": "kotoba_vllm.cli.record",
     "capacity": "kotoba_vllm.cli.capacity",
+    "inspect": "kotoba_vllm.cli.inspect",
     "plan": "kotoba_vllm.cli.plan",
     "probe-links": "kotoba_vllm.cli.probe_links",
     "bench": "kotoba_vllm.cli.bench",
+    "lora": "kotoba_vllm.cli.lora",
+    "cache": "kotoba_vllm.cli.cache",
 }
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from typing import Any, Iterator, TextIO
 
 import attrs
 
+from .._base_client import API_KEY_ENV, USER_AGENT
 from .._edn import EdnError, Form, dumps, kw, pretty
+from .._errors import register_secret
+from .._model import BACKENDS
+from ..pool import PoolConfig, load_pool_config
 from .._model import Request
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
@@ -74,3 +80,49 @@ def edn_error_line(e: EdnError) -> str:
 def problem_record(entry: Entry, problems: list[Problem] | tuple[Problem, ...]) -> dict[Any, Any]:
     return {kw("vllm/error"): kw("validation"), kw("vllm/request-index"): entry.index,
             kw("vllm/where"): entry.where, kw("vllm/problems"): [p.to_edn() for p in problems]}
+
+
+def probe_headers(api_key: str | None) -> dict[str, str]:
+    """Headers for probes of many servers: the key (flag, else $KOTOBA_VLLM_API_KEY) as a bearer
+    token, registered so that no reason or error ever echoes it."""
+    headers = {"user-agent": USER_AGENT, "accept": "application/json, text/plain"}
+    key = api_key or os.environ.get(API_KEY_ENV)
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+        register_secret(key)
+    return headers
+
+
+def add_endpoint_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """URL..., --pool, --backend, --api-key: the servers a probing command asks (`capacity`, `inspect`)."""
+    p.add_argument("urls", nargs="*", metavar="URL", help=f"server base URLs ({what})")
+    p.add_argument("--pool", metavar="FILE.edn", help="a pool file: {:pool/members [...] :pool/backend :llamacpp}; "
+                                                      "its members come first")
+    p.add_argument("--backend", "-b", choices=["auto", *BACKENDS], default=None,
+                   help="engine of every server (default: the pool file's, else detect per server)")
+    p.add_argument("--api-key", help="bearer token for the probes (also $KOTOBA_VLLM_API_KEY); never printed")
+
+
+@attrs.frozen
+class Endpoints:
+    urls: list[str]
+    backend: str | None
+    pool: PoolConfig | None
+
+
+def endpoints_from(args: argparse.Namespace) -> Endpoints | None:
+    """The URLs to ask (a pool file's members first) and their backend; None (the reason printed) when
+    the pool file cannot be read or nothing was given."""
+    urls, backend, cfg = list(args.urls), args.backend, None
+    if args.pool:
+        try:
+            cfg = load_pool_config(args.pool)
+        except (EdnError, ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return None
+        urls = list(cfg.members) + urls
+        backend = backend or cfg.backend
+    if not urls:
+        print("error: give at least one URL or --pool FILE.edn", file=sys.stderr)
+        return None
+    return Endpoints(urls, backend, cfg)

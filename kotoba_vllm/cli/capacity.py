@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import httpx
 
-from .._base_client import API_KEY_ENV, USER_AGENT
-from .._edn import EdnError
-from .._errors import register_secret
-from .._model import BACKENDS
 from ..capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, merge_pool_capacity, probe_endpoints
 from ..capacity._probe import PROBE_TIMEOUT, now_iso
-from ..pool import load_pool_config
-from ._common import emit
+from ._common import add_endpoint_arguments, emit, endpoints_from, probe_headers
 
 HELP = ("Ask every server's capacity at once (llama.cpp slots, vLLM/SGLang running and waiting) and print each "
         "answer and the merged pool answer as EDN.")
@@ -24,11 +17,7 @@ EXIT = {SLOT_AVAILABLE: 0, ALL_SLOTS_BUSY: 1}  # anything else (unmeasured): 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("urls", nargs="*", metavar="URL", help="server base URLs (the pool members, in pool order)")
-    p.add_argument("--pool", metavar="FILE.edn", help="a pool file: {:pool/members [...] :pool/backend :llamacpp}")
-    p.add_argument("--backend", "-b", choices=["auto", *BACKENDS], default=None,
-                   help="engine of every member (default: the pool file's, else detect per member)")
-    p.add_argument("--api-key", help="bearer token for the probes (also $KOTOBA_VLLM_API_KEY); never printed")
+    add_endpoint_arguments(p, "the pool members, in pool order")
     p.add_argument("--timeout", type=float, default=None,
                    help=f"probe timeout in seconds (default {PROBE_TIMEOUT.read}; connect {PROBE_TIMEOUT.connect})")
     p.add_argument("--server-load-tracked", action="store_true",
@@ -39,31 +28,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
-
-    urls = list(args.urls)
-    backend = args.backend
+    got = endpoints_from(args)
+    if got is None:
+        return 2
+    urls, backend, cfg = got.urls, got.backend, got.pool
     load_tracked = bool(args.server_load_tracked)
     timeout = PROBE_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout, connect=min(0.5, args.timeout))
-    if args.pool:
-        try:
-            cfg = load_pool_config(args.pool)
-        except (EdnError, ValueError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        urls = list(cfg.members) + urls
-        backend = backend or cfg.backend
+    if cfg is not None:
         load_tracked = load_tracked or cfg.server_load_tracked
         if args.timeout is None and cfg.probe_timeout_s:
             timeout = httpx.Timeout(cfg.probe_timeout_s, connect=min(0.5, cfg.probe_timeout_s))
-    if not urls:
-        print("error: give at least one URL or --pool FILE.edn", file=sys.stderr)
-        return 2
-    headers = {"user-agent": USER_AGENT, "accept": "application/json, text/plain"}
-    key = args.api_key or os.environ.get(API_KEY_ENV)
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-        register_secret(key)  # never echoed into a :capacity/reason
+    headers = probe_headers(args.api_key)  # the key is never echoed into a :capacity/reason
     answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout, load_tracked=load_tracked)
     for a in answers:
         emit(a.to_edn(), pretty_print=args.pretty)

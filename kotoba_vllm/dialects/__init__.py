@@ -8,9 +8,11 @@ from .openai import DIALECT as OPENAI
 from .openai import ChunkStream, Dialect
 from .sglang import DIALECT as SGLANG
 from .vllm import DIALECT as VLLM
+from ._endpoints import register_served
 from ._http import HttpRequest, classify_error, parse_retry_after
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (VLLM, SGLANG, LLAMACPP, OPENAI)}
+register_served({d.name: d.routes for d in DIALECTS.values()})  # refusals name who serves an endpoint
 
 
 def get_dialect(name: str) -> Dialect:

@@ -83,8 +83,13 @@ class LlamacppDialect(Dialect):
         "generate": "/completion",
         "tokenize": "/tokenize",
         "detokenize": "/detokenize",
+        "rerank": "/v1/rerank",  # with --rerank (pooling rank) only
+        "lora-list": "/lora-adapters",
+        "lora-scale": "/lora-adapters",
+        "slot": "/slots/{slot_id}",  # with --slot-save-path only
     }
     health_path: ClassVar[str] = "/health"
+    embedding_options: ClassVar[frozenset[str]] = frozenset({"encoding_format"})  # no dimensions
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {
         "chat": LLAMACPP_SAMPLING, "completion": LLAMACPP_SAMPLING, "generate": LLAMACPP_SAMPLING}
     wire_names: ClassVar[dict[str, dict[str, str]]] = {"chat": RENAMES, "completion": RENAMES}

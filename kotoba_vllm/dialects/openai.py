@@ -18,6 +18,8 @@ from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, Detok
 from .._problems import Problem
 from .._sampling import KNOBS_BY_ATTR, STRUCTURED_ATTRS
 from .._timings import ClientClock, ServerTimings, build_timings
+from ._endpoints import CONTROL_ENDPOINTS, ENDPOINTS_HERE, decode_base64_floats, endpoint_refusal, option_problems
+from ._endpoints import parse_endpoint, render_endpoint
 from ._http import ORJSON, ORJSON_LOADS, HttpRequest, error_object, loads_as_json, stream_error
 
 OPENAI_SAMPLING = frozenset({"temperature", "top_p", "max_tokens", "n", "presence_penalty", "frequency_penalty",
@@ -44,6 +46,10 @@ class Dialect:
     # engine extras this dialect accepts: EDN key name -> (wire name, endpoints)
     extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {}
     streams_usage: ClassVar[bool] = True  # send stream_options.include_usage
+    # /v1/embeddings options this engine applies (OpenAI's own API has both)
+    embedding_options: ClassVar[frozenset[str]] = frozenset({"dimensions", "encoding_format"})
+    # endpoints whose 2xx answer may be text, or nothing, rather than JSON
+    text_answers: ClassVar[frozenset[str]] = CONTROL_ENDPOINTS
 
     # ------------------------------------------------------------ validation
 
@@ -51,9 +57,10 @@ class Dialect:
         out: list[Problem] = []
         ep = req.endpoint
         if ep not in self.routes:
-            out.append(Problem("error", "engine/endpoint", f"{self.name} has no {ep} endpoint",
-                               field="vllm/endpoint", engine=self.name))
+            out.append(endpoint_refusal(self.name, ep))
             return out
+        if ep in ENDPOINTS_HERE or ep == "embedding":
+            out.extend(option_problems(self.name, req, self.embedding_options))
         sampling: Sampling | None = getattr(req, "sampling", None)
         supported = self.sampling_support.get(ep, frozenset())
         honoured = _SUPPORTED.get(sampling) if sampling is not None else None
@@ -78,6 +85,8 @@ class Dialect:
     def render(self, req: Request) -> HttpRequest:
         ep = req.endpoint
         path = self.routes[ep]
+        if ep in ENDPOINTS_HERE:
+            return render_endpoint(req, self.routes, self.extras)
         body: dict[str, Any] = {}
         if req.model is not None:
             body["model"] = req.model
@@ -91,6 +100,10 @@ class Dialect:
             body["prompt"] = req.prompt if isinstance(req.prompt, str) else list(req.prompt)
         elif isinstance(req, EmbeddingRequest):
             body["input"] = req.input if isinstance(req.input, str) else list(req.input)
+            if req.dimensions is not None:
+                body["dimensions"] = req.dimensions
+            if req.encoding_format is not None:
+                body["encoding_format"] = req.encoding_format
         elif isinstance(req, TokenizeRequest):
             return self.render_tokenize(req)
         elif isinstance(req, DetokenizeRequest):
@@ -202,6 +215,8 @@ class Dialect:
     def parse(self, req: Request, obj: Any, endpoint_url: str | None = None,
               clock: ClientClock | None = None) -> AnyResponse:
         """A complete (non-streamed) JSON answer -> typed response."""
+        if req.endpoint in ENDPOINTS_HERE:  # some of these answer a list, or text
+            return parse_endpoint(obj, self.name, req, endpoint_url)
         if not isinstance(obj, dict):
             raise ProtocolError(f"expected a JSON object from {self.name}", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
@@ -281,7 +296,8 @@ class Dialect:
         if not isinstance(data, list):
             raise ProtocolError("embedding answer has no data list", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
-        vecs = tuple(tuple(float(x) for x in d.get("embedding", ())) for d in sorted(data, key=lambda d: d.get("index", 0)))
+        vecs = tuple(tuple(decode_base64_floats(v, obj, endpoint_url) if isinstance(v, str) else (float(x) for x in v))
+                     for v in (d.get("embedding", ()) for d in sorted(data, key=lambda d: d.get("index", 0))))
         return EmbeddingResponse(embeddings=vecs, model=str_or_none(obj.get("model")),
                                  usage=self.parse_usage(obj.get("usage")), backend=self.name,
                                  endpoint_url=endpoint_url, request_id=req.request_id)

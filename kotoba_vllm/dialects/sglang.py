@@ -45,8 +45,15 @@ class SglangDialect(Dialect):
         "generate": "/generate",
         "tokenize": "/tokenize",
         "detokenize": "/detokenize",
+        "rerank": "/v1/rerank",  # a cross-encoder served with --is-embedding
+        "lora-list": "/v1/models",
+        "lora-load": "/load_lora_adapter",
+        "lora-unload": "/unload_lora_adapter",
+        "cache-reset": "/flush_cache",  # refused (400, text) while requests run or wait
     }
     health_path: ClassVar[str] = "/health"
+    # Its serving_embedding builds each answer from the embedding alone: dimensions and base64 are not applied.
+    embedding_options: ClassVar[frozenset[str]] = frozenset()
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {
         "chat": SGLANG_OPENAI_SAMPLING, "completion": SGLANG_OPENAI_SAMPLING, "generate": SGLANG_NATIVE_SAMPLING}
     extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {

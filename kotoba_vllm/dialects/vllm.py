@@ -28,6 +28,16 @@ class VllmDialect(Dialect):
         "embedding": "/v1/embeddings",
         "tokenize": "/tokenize",
         "detokenize": "/detokenize",
+        # pooling models (a reranker / *ForSequenceClassification, or --convert); /score and /classify as named
+        "rerank": "/v1/rerank",
+        "score": "/score",
+        "classify": "/classify",
+        "pooling": "/pooling",
+        # adapters in /v1/models have a parent; loading needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1
+        "lora-list": "/v1/models",
+        "lora-load": "/v1/load_lora_adapter",
+        "lora-unload": "/v1/unload_lora_adapter",
+        "cache-reset": "/reset_prefix_cache",  # registered only with VLLM_SERVER_DEV_MODE=1
     }
     health_path: ClassVar[str] = "/health"
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {"chat": VLLM_SAMPLING, "completion": VLLM_SAMPLING}

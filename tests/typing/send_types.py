@@ -19,9 +19,11 @@ def sync_client(c: Client) -> None:
     reveal_type(c.send(DetokenizeRequest(tokens=(1, 2))))  # revealed: kotoba_vllm._model.DetokenizeResponse
     reveal_type(c.send(EmbeddingRequest(input="hi")))  # revealed: kotoba_vllm._model.EmbeddingResponse
     reveal_type(c.send(CompletionRequest(prompt="hi")))  # revealed: kotoba_vllm._model.Response
-    reveal_type(c.send(edn_map))  # revealed: kotoba_vllm._model.Response | kotoba_vllm._model.EmbeddingResponse | kotoba_vllm._model.TokenizeResponse | kotoba_vllm._model.DetokenizeResponse
+    reveal_type(c.send(edn_map))  # revealed: kotoba_vllm._model.Response | kotoba_vllm._model.EmbeddingResponse | kotoba_vllm._model.TokenizeResponse | kotoba_vllm._model.DetokenizeResponse | kotoba_vllm._model.RerankResponse | kotoba_vllm._model.ScoreResponse | kotoba_vllm._model.ClassifyResponse | kotoba_vllm._model.PoolingResponse | kotoba_vllm._model.LoraAdaptersResponse | kotoba_vllm._model.ControlResponse
     reveal_type(c.chat("hi"))  # revealed: kotoba_vllm._model.Response
     reveal_type(c.tokenize("hi"))  # revealed: kotoba_vllm._model.TokenizeResponse
+    reveal_type(c.rerank("q", ["a"]))  # revealed: kotoba_vllm._model.RerankResponse
+    reveal_type(c.slot_erase(0))  # revealed: kotoba_vllm._model.ControlResponse
     reveal_type(c.stream(chat).until_done())  # revealed: kotoba_vllm._model.Response
 
 
@@ -29,6 +31,8 @@ async def async_client(c: AsyncClient) -> None:
     reveal_type(await c.send(chat))  # revealed: kotoba_vllm._model.Response
     reveal_type(await c.send(tokenize))  # revealed: kotoba_vllm._model.TokenizeResponse
     reveal_type(await c.chat("hi"))  # revealed: kotoba_vllm._model.Response
+    reveal_type(await c.score("a", ["b"]))  # revealed: kotoba_vllm._model.ScoreResponse
+    reveal_type(await c.lora_adapters())  # revealed: kotoba_vllm._model.LoraAdaptersResponse
     reveal_type(await (await c.stream(chat)).until_done())  # revealed: kotoba_vllm._model.Response
 
 

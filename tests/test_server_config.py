@@ -1,0 +1,284 @@
+"""The effective configuration (issue 32 part 1): every field each engine reports, with its
+source, from the engines' own recorded answers (llama.cpp, vLLM's and SGLang's serving layers),
+replayed offline through the pure reader and through `Client` / `AsyncClient` (respx), and from a
+real llama-server on loopback (live)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import secrets
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from faultserver import FaultServer, Seen, Step, reply
+from kotoba_vllm import AsyncClient, Client, kw, read_forms
+from kotoba_vllm.capacity import Fetched
+from kotoba_vllm.cassettes import read_cassette
+from kotoba_vllm.cli import main
+from kotoba_vllm.local import free_port
+from kotoba_vllm.server_config import (FIELD_NAMES, REPORTED, UNMEASURED, UNREPORTED, ServerConfig, is_secret_key,
+                                       read_config, redact_secrets, redacted_body, server_configs)
+
+CASSETTES = Path(__file__).parent / "cassettes"
+PATHS = {
+    "llamacpp": {"/props": "props", "/slots": "slots", "/v1/models": "models"},
+    "sglang": {"/server_info": "server-info"},
+    "vllm": {"/version": "version", "/v1/models": "models", "/metrics": "metrics"},
+}
+
+
+def recorded(engine: str) -> dict[str, Fetched]:
+    """Each configuration path's recorded answer, as a shell would hand it over."""
+    out = {}
+    for path, name in PATHS[engine].items():
+        c = read_cassette(CASSETTES / engine / f"{name}.edn")
+        assert c.how == "recorded" and c.path == path
+        out[path] = Fetched(path, status=c.status, body=c.body or b"", ms=1.0)
+    return out
+
+
+def field(cfg: ServerConfig, name: str) -> tuple[Any, str, tuple[Any, ...]]:
+    f = cfg.get(name)
+    assert f.status == REPORTED, (name, f)
+    src = f.source or f.derived_from[0]
+    return f.value, src.path, src.key
+
+
+# ---------------------------------------------------------------- the pure reader, on recorded bytes
+
+
+def test_llamacpp_reports_context_per_slot_and_total_from_its_own_answers() -> None:
+    # recorded from llama-server -c 1024 --parallel 2: /props n_ctx is one slot's share
+    cfg = read_config("http://l:8080", "llamacpp", recorded("llamacpp"))
+    assert cfg.measured and cfg.engine == "llamacpp"
+    assert field(cfg, "context-per-slot") == (512, "/props", ("default_generation_settings", "n_ctx"))
+    assert field(cfg, "slots") == (2, "/props", ("total_slots",))
+    total = cfg.get("context-total")
+    assert total.value == 1024 and total.how == "n_ctx x total_slots"
+    assert [s.key for s in total.derived_from] == [("default_generation_settings", "n_ctx"), ("total_slots",)]
+    assert field(cfg, "context-length")[0] == 512 and "per slot" in (cfg.get("context-length").means or "")
+    assert field(cfg, "slot-contexts")[0] == [512, 512]
+    assert field(cfg, "version") == ("b0-unknown", "/props", ("build_info",))
+    assert field(cfg, "model-path")[0].endswith("tiny-llama-v1-seed0.gguf")
+    assert field(cfg, "served-name")[1:] == ("/v1/models", ("data", 0, "id"))
+    assert field(cfg, "context-train")[0] == 2048
+    assert field(cfg, "quantization")[0] == "all F32"
+    assert field(cfg, "speculative-algorithm")[0] == "none"
+    assert field(cfg, "speculative?")[0] is False
+    assert field(cfg, "sleeping?")[0] is False
+    assert cfg.value("modalities") == {kw("vision"): False, kw("video"): False, kw("audio"): False}
+    for name in ("tensor-parallel", "pipeline-parallel", "data-parallel", "expert-parallel", "disaggregation-mode",
+                 "kv-cache-dtype", "kv-blocks", "max-running"):
+        assert cfg.get(name).status == UNREPORTED, name
+
+
+def test_sglang_reports_its_server_args() -> None:
+    cfg = read_config("http://s:30000", "sglang", recorded("sglang"))
+    want = {"version": "0.5.23", "served-name": "kotoba-tiny", "context-length": 512, "tensor-parallel": 1,
+            "pipeline-parallel": 1, "data-parallel": 1, "expert-parallel": 1, "nodes": 1, "max-running": 1,
+            "max-queued": 1, "kv-cache-dtype": "auto", "kv-tokens": 512, "kv-block-size": 1,
+            "disaggregation-mode": "null", "speculative-algorithm": None, "speculative-draft-model": None,
+            "quantization": None, "prefix-caching?": True}
+    assert {n: cfg.value(n) for n in want} == want
+    assert cfg.get("speculative-algorithm").status == REPORTED  # said nil: no speculative decoding
+    assert field(cfg, "max-running")[1:] == ("/server_info", ("max_running_requests",))
+    assert cfg.get("prefix-caching?").how.startswith("not disable_radix_cache")
+    for name in ("slots", "context-per-slot", "context-total", "kv-blocks", "modalities", "sleeping?"):
+        assert cfg.get(name).status == UNREPORTED, name
+
+
+def test_vllm_reports_version_model_and_its_cache_config_labels() -> None:
+    cfg = read_config("http://v:8000", "vllm", recorded("vllm"))
+    assert field(cfg, "version") == ("0.33.0", "/version", ("version",))
+    assert field(cfg, "context-length") == (2048, "/v1/models", ("data", 0, "max_model_len"))
+    assert field(cfg, "served-name")[0] == "kotoba-tiny"
+    assert field(cfg, "kv-blocks") == (1024, "/metrics", ("vllm:cache_config_info", "num_gpu_blocks"))
+    assert field(cfg, "kv-block-size")[0] == 16
+    assert field(cfg, "prefix-caching?")[0] is True
+    assert field(cfg, "kv-cache-dtype")[0] == "auto"
+    assert field(cfg, "memory-fraction")[0] == pytest.approx(0.92)
+    assert cfg.value("sleeping?") is False
+    # the label says "None": vLLM does not know it, so neither do we (never a zero)
+    assert cfg.get("kv-tokens").status == UNREPORTED and cfg.get("kv-bytes").status == UNREPORTED
+    # vLLM reports no parallel sizes over HTTP
+    for name in ("tensor-parallel", "pipeline-parallel", "data-parallel", "expert-parallel", "slots"):
+        assert cfg.get(name).status == UNREPORTED, name
+
+
+def test_every_field_is_in_every_answer_in_table_order() -> None:
+    for engine in PATHS:
+        cfg = read_config("http://x:1", engine, recorded(engine))
+        assert tuple(cfg.fields) == FIELD_NAMES
+
+
+def test_a_failed_path_makes_its_fields_unmeasured_with_the_reason_not_unreported() -> None:
+    got = recorded("llamacpp")
+    got["/slots"] = Fetched("/slots", status=501, body=b'{"error":{"message":"This server does not support slots"}}')
+    cfg = read_config("http://l:8080", "llamacpp", got)
+    assert cfg.measured
+    f = cfg.get("slot-contexts")
+    assert f.status == UNMEASURED and "HTTP 501" in (f.reason or "")
+    assert cfg.get("speculative?").status == UNMEASURED
+    assert cfg.value("slots") == 2  # /props still answered
+
+
+def test_an_unreadable_answer_is_unmeasured_never_zero() -> None:
+    got = {"/props": Fetched("/props", 200, b"<html>"), "/slots": Fetched("/slots", 200, b"nope"),
+           "/v1/models": Fetched("/v1/models", 200, b"{")}
+    cfg = read_config("http://l:8080", "llamacpp", got)
+    assert not cfg.measured and cfg.reachable and "not JSON" in (cfg.reason or "")
+    assert not cfg.fields
+
+
+def test_a_value_of_the_wrong_kind_is_unmeasured_with_what_was_said() -> None:
+    got = recorded("llamacpp")
+    props = json.loads(got["/props"].body)
+    props["total_slots"] = -3
+    props["default_generation_settings"]["n_ctx"] = "lots"
+    got["/props"] = Fetched("/props", 200, json.dumps(props).encode())
+    cfg = read_config("http://l:8080", "llamacpp", got)
+    assert cfg.get("context-per-slot").status == UNMEASURED and "'lots'" in (cfg.get("context-per-slot").reason or "")
+    assert cfg.get("slots").status == UNMEASURED
+    assert cfg.get("context-total").status == UNMEASURED
+
+
+def test_the_edn_round_trips() -> None:
+    for engine in PATHS:
+        cfg = read_config("http://x:1", engine, recorded(engine), at="2026-12-01T00:00:00.000Z")
+        edn = cfg.to_edn()
+        [form] = read_forms(__import__("kotoba_vllm").dumps(edn))
+        assert ServerConfig.from_edn(form.value).to_edn() == edn
+        assert edn[kw("config/fields")][kw("config/tensor-parallel")] in (kw("unreported"), edn[kw(
+            "config/fields")][kw("config/tensor-parallel")])
+
+
+# ---------------------------------------------------------------- secrets
+
+
+PLANTED = "sk-planted-" + secrets.token_hex(8)
+
+
+def sglang_info_with_secrets() -> bytes:
+    info = json.loads(recorded("sglang")["/server_info"].body)
+    info.update(api_key=PLANTED, admin_api_key=PLANTED + "-admin", ssl_keyfile_password=PLANTED + "-pw",
+                hf_token=PLANTED + "-hf")
+    return json.dumps(info).encode()
+
+
+def test_secret_keys_are_named_by_whole_parts() -> None:
+    for k in ("api_key", "admin_api_key", "ssl_keyfile_password", "hf_token", "watermark_key_b", "secret"):
+        assert is_secret_key(k), k
+    for k in ("tokenizer_path", "max_total_num_tokens", "ssl_keyfile", "keyfile", "speculative_num_draft_tokens",
+              "tbo_token_distribution_threshold",
+              "tokenizer_worker_num"):
+        assert not is_secret_key(k), k
+
+
+def test_server_secrets_never_reach_a_cassette_body_or_an_answer() -> None:
+    raw = sglang_info_with_secrets()
+    clean = redacted_body(raw)
+    assert PLANTED not in clean.decode()
+    obj = json.loads(clean)
+    assert obj["api_key"] == "<redacted>" and obj["tp_size"] == 1 and obj["tokenizer_path"]
+    assert redact_secrets({"api_key": None}) == {"api_key": None}  # nothing to hide stays as said
+    plain = recorded("sglang")["/server_info"].body
+    assert redacted_body(plain) == plain  # byte for byte when there is no secret
+    cfg = read_config("http://s:1", "sglang", {"/server_info": Fetched("/server_info", 200, raw)})
+    assert PLANTED not in repr(cfg.to_edn())
+
+
+def careless_sglang(seen: Seen) -> list[Step]:
+    """An SGLang server_info with live secrets in it; everything else 404."""
+    if seen.path in ("/server_info", "/get_server_info"):
+        return reply(sglang_info_with_secrets())
+    return reply({"detail": "Not Found"}, 404)
+
+
+def test_the_inspect_cli_prints_no_server_secret() -> None:
+    with FaultServer(careless_sglang) as srv:
+        out = io.StringIO()
+        with redirect_stdout(out):
+            rc = main(["inspect", srv.base_url, "--backend", "sglang"])
+    assert rc == 0
+    assert PLANTED not in out.getvalue()
+    [form] = read_forms(out.getvalue())
+    assert form.value[kw("config/fields")][kw("config/tensor-parallel")][kw("config/value")] == 1
+
+
+# ---------------------------------------------------------------- shells: replayed through the clients
+
+
+def mock(m: respx.MockRouter, base: str, engine: str) -> None:
+    for path, f in recorded(engine).items():
+        m.get(base + path).respond(f.status or 200, content=f.body)
+    m.route(host=httpx.URL(base).host).respond(404)
+
+
+@pytest.mark.parametrize("engine", list(PATHS))
+def test_client_server_config_replays_each_engine(engine: str) -> None:
+    base = f"http://{engine}.test:8000"
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as m:
+        mock(m, base, engine)
+        with Client(base, backend=engine, http_client=httpx.Client()) as c:
+            cfg = c.server_config()
+    assert cfg.measured and cfg.engine == engine
+    assert cfg.to_edn()[kw("config/fields")] == read_config(base, engine, recorded(engine)).to_edn()[
+        kw("config/fields")]
+
+
+@pytest.mark.parametrize("engine", list(PATHS))
+def test_async_client_server_config_replays_each_engine(engine: str) -> None:
+    base = f"http://{engine}.test:8000"
+
+    async def go() -> ServerConfig:
+        async with AsyncClient(base, http_client=httpx.AsyncClient()) as c:
+            return await c.server_config()
+
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as m:
+        mock(m, base, engine)
+        cfg = asyncio.run(go())
+    assert cfg.measured and cfg.engine == engine  # detected, then asked
+    assert cfg.to_edn()[kw("config/fields")] == read_config(base, engine, recorded(engine)).to_edn()[
+        kw("config/fields")]
+
+
+def test_an_unreachable_endpoint_is_an_unmeasured_answer_with_its_reason() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    [cfg] = server_configs([url], "llamacpp")
+    assert not cfg.measured and cfg.reachable is False and "refused" in (cfg.reason or "")
+    [auto] = server_configs([url])
+    assert not auto.measured and auto.engine is None and "detection failed" in (auto.reason or "")
+    with Client(url) as c:
+        assert not c.server_config().measured
+
+
+# ---------------------------------------------------------------- live: a real llama-server
+
+
+@pytest.mark.live
+def test_a_real_llama_server_says_its_context_per_slot_and_total(llama_url: str) -> None:
+    # the session server runs -c 2048 --parallel 2
+    with Client(llama_url) as c:
+        cfg = c.server_config()
+    assert cfg.engine == "llamacpp"
+    assert (cfg.value("context-per-slot"), cfg.value("slots"), cfg.value("context-total")) == (1024, 2, 2048)
+    assert cfg.value("slot-contexts") == [1024, 1024]
+    assert cfg.get("tensor-parallel").status == UNREPORTED
+
+    async def go() -> ServerConfig:
+        async with AsyncClient(llama_url) as ac:
+            return await ac.server_config()
+
+    assert asyncio.run(go()).to_edn()[kw("config/fields")] == cfg.to_edn()[kw("config/fields")]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["inspect", llama_url, f"http://127.0.0.1:{free_port()}"]) == 3  # one unmeasured
+    first, second = [f.value for f in read_forms(out.getvalue())]
+    assert first[kw("config/measured?")] is True and second[kw("config/measured?")] is False
