@@ -16,6 +16,7 @@ from typing import AbstractSet, Any, Callable, Iterable, TypeVar
 import attrs
 import cattrs
 
+from ._keywords import InternedKeyword
 from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
 from ._errors import EdnWriteError, StructureError
 from ._memo import BoundedMemo, IdentityMemo
@@ -261,7 +262,7 @@ def NESTED(cls: type) -> Codec:
 # on every line): class -> {the map's (key, value type, value) entries: the frozen instance}. One instance
 # per distinct map also lets the memos keyed by identity (a clean Sampling, its rendered wire fields) hit.
 _SHARED_MAPS: dict[type, BoundedMemo[tuple[Any, ...], Any]] = {}
-_SCALARS = frozenset((str, int, bool, Keyword, type(None)))
+_SCALARS = frozenset((str, int, bool, InternedKeyword, Keyword, type(None)))
 
 
 def share_structured(cls: type[T]) -> type[T]:
@@ -277,7 +278,7 @@ def _scalar_items(m: dict[Any, Any]) -> tuple[Any, ...] | None:
     out: list[Any] = []
     for k, v in m.items():
         t = type(k)
-        if t is not Keyword:
+        if t is not InternedKeyword and t is not Keyword:
             return None
         t = type(v)
         if t is float:
@@ -591,7 +592,7 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
 # value -> (its extra's name, the entry's "key value" text): an extra a caller puts in many records (a pool's
 # member, why and verdict) as the very same object, written once.
 _KEPT_ENTRIES: IdentityMemo[Any, tuple[str, str]] = IdentityMemo(1024)
-_IMMUTABLE = (str, bool, int, Keyword, type(None))
+_IMMUTABLE = (str, bool, int, InternedKeyword, Keyword, type(None))
 
 
 def keep_extra_text(name: str, value: Any) -> None:

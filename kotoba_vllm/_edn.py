@@ -24,7 +24,7 @@ import edn_format
 from edn_format import Keyword, Symbol
 
 from ._errors import EdnError, EdnWriteError
-from ._keywords import is_keyword_name, keyword_or_string, kw
+from ._keywords import InternedKeyword, is_keyword_name, keyword_or_string, kw
 
 __all__ = [
     "BigInt", "Char", "Edn", "EdnError", "EdnMap", "Form", "Keyword", "Symbol", "WHITESPACE", "dumps",
@@ -742,7 +742,7 @@ def _scalar(v: Any) -> str | None:  # Any: dispatch on exact type (faster), whic
     t = type(v)
     if t is str:
         return _str(v)
-    if t is Keyword:
+    if t is InternedKeyword or t is Keyword:
         return _name(v.name, ":")
     if t is int:
         return str(v)
@@ -759,7 +759,7 @@ def dumps(value: object) -> str:
     with a space in it, an object with no EDN form)."""
     v: Any = value  # dispatch on exact type (faster than isinstance), which mypy does not narrow
     t = type(v)  # exact types that responses are made of first; the general rules below
-    if t is Keyword:
+    if t is InternedKeyword:
         return _name(v.name, ":")
     if t is str:
         return _str(v)

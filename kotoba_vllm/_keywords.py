@@ -10,14 +10,15 @@ from typing import Callable
 
 from edn_format import Keyword
 
-__all__ = ["Keyword", "is_keyword_name", "keyword_or_string", "kw"]
+__all__ = ["InternedKeyword", "Keyword", "is_keyword_name", "keyword_or_string", "kw"]
 
-class _Interned(Keyword):
+class InternedKeyword(Keyword):
     """A keyword as `kw` makes it: an `edn_format.Keyword`, equal to and hashed as edn_format's own
     keyword of the same name (so maps built with `edn_format.loads` or `edn_format.Keyword` work
     wherever the SDK takes EDN), with that hash computed once. edn_format hashes by building an
     immutable dict of the instance's `__dict__` on every call, and keyword-keyed dict lookups are most
-    of reading a request; edn_format's class itself is left as it is."""
+    of reading a request; edn_format's class itself is left as it is. Exact-type dispatch (`type(v) is
+    InternedKeyword`) finds ours first; a user's `Keyword` takes the general (isinstance) branch."""
 
     __slots__ = ("_hash",)  # a slot, not `__dict__`: edn_format's equality compares `__dict__`s
 
@@ -45,7 +46,7 @@ def kw(name: str) -> Keyword:
     """An interned `Keyword` (`kw("vllm/model")` is `:vllm/model`)."""
     k = _KW_CACHE.get(name)
     if k is None:
-        k = _KW_CACHE[name] = _Interned(name)
+        k = _KW_CACHE[name] = InternedKeyword(name)
     return k
 
 
