@@ -129,7 +129,8 @@ def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
     `tool_calls`, `tool_call_id` and `name` kept). What cannot be kept is a ValidationError."""
     if isinstance(messages, str):
         return (Message(role="user", content=messages),)
-    if isinstance(messages, dict) or not isinstance(messages, Iterable):
+    if type(messages) is not list and type(messages) is not tuple and (  # an ABC check is slow: lists skip it
+            isinstance(messages, dict) or not isinstance(messages, Iterable)):
         raise _message_problem(0, f"messages must be a string or a list of messages, got "
                                   f"{type(messages).__name__}")
     out = []
