@@ -258,7 +258,7 @@ def summary(texts: list[str], lat: list[float], wall: float, cpu: float) -> dict
             "wall_s": wall, "cpu_s": cpu, "p50_ms": q(0.5), "p99_ms": q(0.99)}
 
 
-def run_cli(urls: list[str], conc: int, n: int, backend: str) -> dict[str, Any]:
+def run_cli(urls: list[str], conc: int, n: int, backend: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """`python -m kotoba_vllm run` on N requests, in this process (its own CPU counted the same way)."""
     from kotoba_vllm._edn import kw, read_all
     from kotoba_vllm.cli import main
@@ -272,7 +272,8 @@ def run_cli(urls: list[str], conc: int, n: int, backend: str) -> dict[str, Any]:
                     fh.write('{:vllm/endpoint :chat :vllm/model "canned" :vllm/sampling {:vllm/max-tokens 4} '
                              f':vllm/messages [{{:vllm/role :user :vllm/content "Say hi {i}"}}]}}\n')
 
-        argv = ["run", src, "--backend", backend, "--concurrency", str(conc), "--output", out, "--no-progress"]
+        argv = ["run", src, "--backend", backend, "--concurrency", str(conc), "--output", out, "--no-progress",
+                *extra]
         for u in urls:
             argv += ["--base-url", u]
         import kotoba_vllm.batch  # noqa: F401 - imports outside the clock; no warm-up run: `run` makes its
@@ -314,6 +315,15 @@ def main() -> None:
         res = run_sync(urls[0], n)
     elif name == "kotoba-run-vllm":
         res = run_cli(urls[:1], conc, n, "vllm")  # one member, the pool's dialect: the pool with no pool
+    elif name in ("kotoba-run-asyncio", "kotoba-run-uvloop"):  # `run` on each loop it can own
+        res = run_cli(urls, conc, n, "openai", ("--loop", name.rsplit("-", 1)[1]))
+    elif name == "aiohttp-uvloop":  # raw aiohttp on uvloop: the floor `run --loop uvloop` is read against
+        import uvloop
+        loop = uvloop.new_event_loop()
+        try:
+            res = loop.run_until_complete(run_peer("aiohttp", urls[0], conc, n))
+        finally:
+            loop.close()
     else:
         res = asyncio.run(run_peer(name, urls[0], conc, n))
     print(json.dumps(res), flush=True)

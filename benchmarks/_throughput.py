@@ -27,6 +27,8 @@ from canned_server import CannedServer
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = os.path.join(HERE, "_peers.py")
 CONTENDERS = ("aiohttp", "kotoba", "kotoba-run", "httpx", "httpx2", "openai", "flexllm", "kotoba-httpx")
+# `run` on each loop it can own, beside raw aiohttp on each (asyncio's: "aiohttp")
+LOOP_CONTENDERS = ("kotoba-run-asyncio", "kotoba-run-uvloop", "aiohttp-uvloop")
 PROBE_PATHS = ("/metrics", "/load")  # whichever of them vLLM's probe asks
 CHAT = "/v1/chat/completions"
 # run alongside the plain `run` (when it is a contender): the pool, and the pool's dialect on one member
@@ -36,7 +38,8 @@ POOL_GROUP = ("kotoba-run", "kotoba-run-pool", "kotoba-run-vllm")
 def available(names: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Contenders whose library is installed, and notes for the missing ones."""
     import importlib.util
-    need = {"aiohttp": "aiohttp", "httpx2": "httpx2", "openai": "openai", "flexllm": "flexllm"}
+    need = {"aiohttp": "aiohttp", "httpx2": "httpx2", "openai": "openai", "flexllm": "flexllm",
+            "aiohttp-uvloop": "uvloop", "kotoba-run-uvloop": "uvloop"}
     ok, notes = [], []
     for n in names:
         mod = need.get(n)

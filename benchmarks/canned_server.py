@@ -7,8 +7,10 @@ request line, `content-length` and (for POSTs) the JSON body. Answers are prebui
   says `"stream": true`, an SSE stream of `max_tokens` chunks (default `--chunks`) plus a usage
   chunk and `[DONE]`, sent chunked in one write.
 - `GET /v1/models`, `GET /health`: tiny JSON. Anything else: 404 (so backend detection says "openai").
-- `GET /_stats`: connections accepted and requests by path since start (the benchmark counts
+- `GET /_stats`: connections accepted, requests by path and 429s since start (the benchmark counts
   connections per contender from it; its own connection is counted too).
+- `--slots N`: a server with N slots: `GET /slots` reports them busy or idle in llama.cpp's shape,
+  and a POST beyond N in flight is answered 429 at once (a fleet member that refuses rather than queues).
 
 `--delay-ms N` answers every POST N ms after reading it (a server that takes time, as a GPU does),
 without blocking the others. `--ports 2` listens on two ports in the same process (two pool
@@ -72,6 +74,7 @@ CHAT = _response("200 OK", chat_body())
 MODELS = _response("200 OK", json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model",
                                                                       "owned_by": "canned"}]}).encode())
 HEALTH = _response("200 OK", b'{"status":"ok"}')
+TOO_MANY = _response("429 Too Many Requests", b'{"error":{"message":"all slots are busy","type":"rate_limit"}}')
 NOT_FOUND = _response("404 Not Found", b'{"error":{"message":"not found","type":"not_found_error"}}')
 
 
@@ -92,9 +95,12 @@ class _Streams:
 
 
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 0) -> None:
         self.connections = 0
         self.requests: dict[str, int] = {}
+        self.slots = slots  # 0: no limit; else answers 429 to a POST beyond this many in flight
+        self.in_flight = 0
+        self.rejected = 0
 
 
 class Http(asyncio.Protocol):
@@ -129,12 +135,22 @@ class Http(asyncio.Protocol):
             self.buf = self.buf[end + 4 + length:]
             assert self.transport is not None
             out = self.answer(head, body)
-            if self.delay_s and head[:4] == b"POST":
+            stats = self.stats
+            if head[:4] == b"POST" and stats.slots:
+                if stats.in_flight >= stats.slots:
+                    stats.rejected += 1
+                    self.transport.write(TOO_MANY)
+                    continue
+                stats.in_flight += 1
+                asyncio.get_running_loop().call_later(self.delay_s, self._write, out, True)
+            elif self.delay_s and head[:4] == b"POST":
                 asyncio.get_running_loop().call_later(self.delay_s, self._write, out)
             else:
                 self.transport.write(out)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, slot: bool = False) -> None:
+        if slot:
+            self.stats.in_flight -= 1
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
@@ -146,7 +162,12 @@ class Http(asyncio.Protocol):
         self.stats.requests[key] = self.stats.requests.get(key, 0) + 1
         if path == b"/_stats":
             return _response("200 OK", json.dumps({"connections": self.stats.connections,
-                                                   "requests": self.stats.requests}).encode())
+                                                   "requests": self.stats.requests,
+                                                   "rejected": self.stats.rejected}).encode())
+        if method == b"GET" and path == b"/slots" and self.stats.slots:  # llama.cpp's shape
+            busy = self.stats.in_flight
+            return _response("200 OK", json.dumps([{"id": i, "is_processing": i < busy}
+                                                   for i in range(self.stats.slots)]).encode())
         if method == b"POST" and path in (b"/v1/chat/completions", b"/v1/completions"):
             try:
                 req = json.loads(body) if body else {}
@@ -162,14 +183,14 @@ class Http(asyncio.Protocol):
         return NOT_FOUND
 
 
-async def serve(host: str, port: int, chunks: int, delay_ms: float = 0.0, ports: int = 1) -> None:
+async def serve(host: str, port: int, chunks: int, delay_ms: float = 0.0, ports: int = 1, slots: int = 0) -> None:
     """Listen on `ports` ports (the first is `port`, the rest any free one), each with its own stats:
     several "servers" sharing one process and one event loop."""
     loop = asyncio.get_running_loop()
     streams = _Streams()
     servers = []
     for i in range(ports):
-        stats = Stats()
+        stats = Stats(slots)
         servers.append(await loop.create_server(lambda stats=stats: Http(streams, chunks, delay_ms / 1e3, stats),
                                                 host, port if i == 0 else 0, backlog=4096))
     print("PORT " + " ".join(str(s.sockets[0].getsockname()[1]) for s in servers), flush=True)
@@ -180,8 +201,10 @@ class CannedServer:
     """Start the canned server in a child process; `.base_url` once ready; stop on exit.
     `ports=2`: the same process listens on two ports (`.base_urls`), each counted apart."""
 
-    def __init__(self, chunks: int = 1000, delay_ms: float = 0.0, cpu: int | None = None, ports: int = 1) -> None:
+    def __init__(self, chunks: int = 1000, delay_ms: float = 0.0, cpu: int | None = None, ports: int = 1,
+                 slots: int = 0) -> None:
         self.chunks = chunks
+        self.slots = slots
         self.delay_ms = delay_ms
         self.cpu = cpu  # pin to this core (taskset) when given and available
         self.ports = ports
@@ -196,7 +219,7 @@ class CannedServer:
 
     def __enter__(self) -> "CannedServer":
         argv = [sys.executable, os.path.abspath(__file__), "--port", "0", "--chunks", str(self.chunks),
-                "--delay-ms", str(self.delay_ms), "--ports", str(self.ports)]
+                "--delay-ms", str(self.delay_ms), "--ports", str(self.ports), "--slots", str(self.slots)]
         if self.cpu is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", str(self.cpu)] + argv
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -230,11 +253,14 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=1000, help="chunks per stream when the body has no max_tokens")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="answer every POST this many ms after reading it")
     ap.add_argument("--ports", type=int, default=1, help="listen on this many ports in this one process")
+    ap.add_argument("--slots", type=int, default=0,
+                    help="a server with this many slots: GET /slots reports them (llama.cpp's shape) and a POST "
+                         "beyond this many in flight is answered 429 at once (0: no limit)")
     a = ap.parse_args()
     if a.host not in ("127.0.0.1", "::1", "localhost"):
         raise SystemExit("loopback only")
     try:
-        asyncio.run(serve(a.host, a.port, a.chunks, a.delay_ms, a.ports))
+        asyncio.run(serve(a.host, a.port, a.chunks, a.delay_ms, a.ports, a.slots))
     except KeyboardInterrupt:
         pass
 

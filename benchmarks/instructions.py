@@ -81,7 +81,8 @@ def sizes_for(conc: int) -> tuple[int, int]:
 PEER_MODES = {"async": "kotoba", "stream": "kotoba-stream", "sync": "kotoba-sync"}
 
 
-def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str) -> list[str]:
+def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str, extra: tuple[str, ...] = (),
+             backend: str | None = None) -> list[str]:
     """The contender's command line: `run`, `vllm` and `pool` are the CLI, the others the peer script."""
     if mode in PEER_MODES:
         return [sys.executable, os.path.join(HERE, "_peers.py"), PEER_MODES[mode], urls[0], str(conc), str(n)]
@@ -89,13 +90,16 @@ def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str) -> list[s
     with open(src, "w", encoding="utf-8") as fh:
         fh.writelines(REQUEST.format(i=i) for i in range(n))
     members = urls if mode == "pool" else urls[:1]
-    return [sys.executable, "-m", "kotoba_vllm", "run", src, "--backend", "openai" if mode == "run" else "vllm",
+    backend = backend or ("openai" if mode == "run" else "vllm")
+    return [sys.executable, "-m", "kotoba_vllm", "run", src, "--backend", backend,
             "--concurrency", str(conc), "--output", os.path.join(work, f"records-{n}.edn"), "--no-progress",
             *(a for u in members for a in ("--base-url", u)),
-            *(("--capacity-interval", f"{DEFAULT_INTERVAL_S * VALGRIND_SLOWDOWN:g}") if mode == "pool" else ())]
+            *(("--capacity-interval", f"{DEFAULT_INTERVAL_S * VALGRIND_SLOWDOWN:g}") if mode == "pool" else ()),
+            *extra]
 
 
-def measure(mode: str, conc: int, sizes: tuple[int, int] | None = None, tree: str = ROOT) -> dict[str, float]:
+def measure(mode: str, conc: int, sizes: tuple[int, int] | None = None, extra: tuple[str, ...] = (),
+            slots: int = 0, tree: str = ROOT) -> dict[str, float]:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: instructions are not counted (nothing measured)")
     sizes = sizes or sizes_for(conc)
@@ -103,11 +107,12 @@ def measure(mode: str, conc: int, sizes: tuple[int, int] | None = None, tree: st
     env["KOTOBA_BENCH_TREE"] = tree
     seen: dict[int, tuple[int, int]] = {}
     with CannedServer(delay_ms=20, cpu=1 if (os.cpu_count() or 1) >= 2 else None,
-                      ports=2 if mode == "pool" else 1) as srv, tempfile.TemporaryDirectory() as work:
+                      ports=2 if mode == "pool" else 1, slots=slots) as srv, tempfile.TemporaryDirectory() as work:
         for n in sizes:
             out = os.path.join(work, f"cachegrind-{n}.out")
             r = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
-                               + argv_for(mode, n, conc, srv.base_urls, work),
+                               + argv_for(mode, n, conc, srv.base_urls, work, extra,
+                                          "llamacpp" if slots and mode == "run" else None),
                                capture_output=True, text=True, cwd=tree, env=env)
             if r.returncode != 0 or not re.search(r"I\s+refs:", r.stderr):
                 raise SystemExit(f"{mode} with {n} requests failed (rc {r.returncode}):\n{r.stderr[-2000:]}")
@@ -123,9 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=("run", "vllm", "pool", *PEER_MODES))
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--sizes", type=int, nargs=2, metavar=("A", "B"), help="the two batch sizes (A < B)")
+    ap.add_argument("--slots", type=int, default=0,
+                    help="the canned server has this many slots: /slots reports them, a POST beyond them is "
+                         "answered 429 (`run` then says --backend llamacpp, the engine with that probe)")
+    ap.add_argument("--extra", default="", help="more arguments for `run`, one string (e.g. '--flow-control off')")
     ap.add_argument("--tree", default=ROOT, help="the checkout whose kotoba_vllm is counted (default: this one)")
     a = ap.parse_args(argv)
-    m = measure(a.mode, a.concurrency, tuple(a.sizes) if a.sizes else None, os.path.abspath(a.tree))
+    m = measure(a.mode, a.concurrency, tuple(a.sizes) if a.sizes else None, tuple(a.extra.split()), a.slots,
+                os.path.abspath(a.tree))
     print(f"{a.mode} at {a.concurrency} in flight: {m['per_request_without_collector'] / 1e3:.1f} k instructions per "
           f"request without the collector ({m['per_request'] / 1e3:.1f} k with it; whole process "
           f"{m['total_small']:,} at {m['small']:,} requests, {m['total_large']:,} at {m['large']:,})")

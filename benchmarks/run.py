@@ -63,7 +63,8 @@ class Sizes:
             self.group_rounds = {1: 1, 4: 2}
             self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
             self.batch_n, self.llama_latency_n = 5, 3
-        self.contenders = ("aiohttp", "kotoba", "kotoba-run") if smoke else _throughput.CONTENDERS
+        self.contenders = (("aiohttp", "kotoba", "kotoba-run") if smoke
+                           else _throughput.CONTENDERS + _throughput.LOOP_CONTENDERS)
 
 
 def row(scenario: str, server: str, unit: str, values: Mapping[str, float | None],
@@ -165,6 +166,14 @@ def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[st
                                                        if at[k].get("req_per_s"))))
             rows.append(row(f"d. {label} p99 latency, conc {conc}", "canned+20ms", "ms", vals("p99_ms", me),
                             (("flexllm", 1.0), ("openai", 1.0))))
+        loops = {k: at.get(k, {}).get("cpu_ms_per_req") for k in ("kotoba-run-asyncio", "kotoba-run-uvloop",
+                                                                    "aiohttp", "aiohttp-uvloop")}
+        if loops["kotoba-run-asyncio"] or loops["kotoba-run-uvloop"]:
+            rows.append(row(f"d. run on each loop, CPU per request, conc {conc}", "canned+20ms", "ms",
+                            {"kotoba": loops["kotoba-run-uvloop"], "run-asyncio": loops["kotoba-run-asyncio"],
+                             "aiohttp": loops["aiohttp"], "aiohttp-uvloop": loops["aiohttp-uvloop"]}, (),
+                            "kotoba = run --loop uvloop; run-asyncio = run --loop asyncio; raw aiohttp on "
+                            "asyncio's loop and on uvloop's"))
         conns = {k: r.get("connections_max") for k, r in at.items()}
         rows.append(row(f"d. connections at the server, conc {conc}", "canned+20ms", "conns",
                         {"kotoba": conns.get("kotoba"), "run": conns.get("kotoba-run"),
@@ -237,6 +246,13 @@ def predecessor_rows(res: list[dict[str, Any]], pred_path: str | None) -> list[d
 
 # (instructions.py mode, concurrency): the modes behind the targets CPU time reads noisily
 INSTRUCTION_MODES: tuple[tuple[str, int], ...] = (("async", 1), ("run", 1), ("run", 256), ("pool", 256))
+# Flow control's cost at 64 in flight, paired with --flow-control off: against a server that reports its 8
+# slots and answers 429 beyond them, and against one that never rejects. (label, concurrency, slots, extra)
+FLOW_MODES: tuple[tuple[str, int, int, str], ...] = (
+    ("run, 8 slots + 429, flow control on", 64, 8, ""),
+    ("run, 8 slots + 429, flow control off", 64, 8, "--flow-control off"),
+    ("run, never rejects, flow control on", 64, 0, ""),
+    ("run, never rejects, flow control off", 64, 0, "--flow-control off"))
 
 
 def instruction_counts(step: Callable[[str], None]) -> tuple[dict[str, float], list[str]]:
@@ -252,6 +268,14 @@ def instruction_counts(step: Callable[[str], None]) -> tuple[dict[str, float], l
         step(f"g instructions per request, {label}")
         try:
             counts[label] = instructions.measure(mode, conc)["per_request_without_collector"] / 1e3
+        except SystemExit as e:
+            notes.append(f"g {label} not measured: {str(e)[-300:]}")
+    for label, conc, slots, extra in FLOW_MODES:
+        label = f"{label} at {conc} in flight"
+        step(f"g instructions per request, {label}")
+        try:
+            counts[label] = instructions.measure("run", conc, extra=tuple(extra.split()),
+                                                 slots=slots)["per_request_without_collector"] / 1e3
         except SystemExit as e:
             notes.append(f"g {label} not measured: {str(e)[-300:]}")
     return counts, notes

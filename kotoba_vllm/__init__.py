@@ -12,8 +12,8 @@ from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._edn import Edn, EdnMap, Keyword, dumps, kw, pretty, read_file, read_forms
 from ._errors import (AdmissionRejected, BadNumber, BadRequest, CassetteError, ConfigError, EdnError,
                       EdnWriteError, InternalError, KotobaError, LocalServerError, NotReady, PromptError, ProtocolError,
-                      RequestTimeout, ServerError, ServerFailure, StreamBroken, StructureError, TransportError,
-                      Unparsable, Unreachable, ValidationError)
+                      Redirected, RequestTimeout, ResponseTooLarge, ServerError, ServerFailure, StreamBroken,
+                      StructureError, TransportError, Unparsable, Unreachable, ValidationError)
 from ._model import (ChatRequest, Choice, CompletionRequest, ContentPart, DetokenizeRequest, DetokenizeResponse,
                      EmbeddingRequest, EmbeddingResponse, Figure, GenerateRequest, Health, Message, ModelInfo,
                      ModelsResponse, Response, Sampling, StreamDelta, Timings, TokenizeRequest, TokenizeResponse,
@@ -38,5 +38,5 @@ __all__ = [
     "request_to_edn", "to_edn", "validate",
     "Pool", "AsyncPool",
     "CassetteError", "ConfigError", "Edn", "EdnMap", "EdnWriteError", "LocalServerError", "PromptError",
-    "StructureError", "Unparsable",
+    "StructureError", "Unparsable", "Redirected", "ResponseTooLarge",
 ]

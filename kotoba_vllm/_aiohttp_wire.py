@@ -1,7 +1,8 @@
 """The default async wire: aiohttp (C HTTP parser, a connection pool that hands out an idle
 connection without scanning every connection per request).
 
-aiohttp's failures are raised as the httpx exception types the rest of the client maps, and
+aiohttp's failures are raised as kotoba's own transport errors, once, here (`_wire_core`); bodies
+are read through the bounded decoder (aiohttp's own decompression is off: it has no size limit), and
 each attempt reports the resend rule's evidence positively:
 
 - *reused*: the connector handed this attempt a connection that had served a request before
@@ -26,8 +27,10 @@ from aiohttp.client_proto import ResponseHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._base_client import Attempt
-from ._errors import ConfigError
+from ._errors import ConfigError, TransportError
+from ._resend import AttemptEvidence
+from ._wire_core import (ACCEPT_ENCODING, DECODE_ERRORS, DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, not_read,
+                         timed_out, too_large, unreachable)
 
 _WATCH: contextvars.ContextVar["_Watch | None"] = contextvars.ContextVar("kotoba_attempt", default=None)
 JSON_HEADERS = {"content-type": "application/json"}
@@ -127,54 +130,68 @@ class Connector(aiohttp.TCPConnector):
         watch = _WATCH.get()
         proto = conn.protocol
         if watch is not None and isinstance(proto, CountingHandler):
-            watch.attempt.reused = proto.uses != 0
+            watch.attempt.connection(reused=proto.uses != 0)
             proto.uses += 1
             watch.proto, watch.start = proto, proto.bytes_in
         return conn
 
 
-def _as_httpx(e: BaseException) -> httpx.HTTPError:
-    """The httpx exception type that means the same failure."""
+def _wire_error(e: BaseException, url: str, timeout: httpx.Timeout) -> TransportError:
+    """kotoba's transport error meaning the same failure."""
     msg = str(e) or type(e).__name__
     if isinstance(e, aiohttp.ConnectionTimeoutError):
-        return httpx.ConnectTimeout(msg)
+        return timed_out("connect", timeout.connect, url)
     if isinstance(e, (aiohttp.SocketTimeoutError, aiohttp.ServerTimeoutError, TimeoutError)):
-        return httpx.ReadTimeout(msg)
+        return timed_out("read", timeout.read, url)
     if isinstance(e, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(msg)
+        return unreachable(url, msg)
     if isinstance(e, aiohttp.ServerDisconnectedError):
-        return httpx.RemoteProtocolError("Server disconnected without sending a complete response")
+        return lost(url, "Server disconnected without sending a complete response")
     if isinstance(e, aiohttp.ClientPayloadError):
-        return httpx.RemoteProtocolError(f"incomplete body: {msg}")
+        return lost(url, f"incomplete body: {msg}")
     if isinstance(e, aiohttp.NonHttpUrlClientError):
-        return httpx.UnsupportedProtocol(msg)
+        return bad_url(url, msg)
     if isinstance(e, aiohttp.InvalidURL):
-        return httpx.UnsupportedProtocol(f"invalid URL: {msg}")  # httpx.InvalidURL is not an HTTPError
-    if isinstance(e, aiohttp.ClientOSError):
-        return httpx.ReadError(msg)
-    if isinstance(e, aiohttp.ClientResponseError):  # the server's bytes are not HTTP
-        return httpx.RemoteProtocolError(msg)
-    return httpx.TransportError(msg)
+        return bad_url(url, f"invalid URL: {msg}")
+    if isinstance(e, (aiohttp.ClientOSError, aiohttp.ClientResponseError, *DECODE_ERRORS)):
+        return lost(url, msg)  # reset, broken pipe, or the server's bytes are not HTTP
+    return failed(url, msg)
 
 
-WIRE_ERRORS = (aiohttp.ClientError, TimeoutError)
+WIRE_ERRORS = (aiohttp.ClientError, TimeoutError, *DECODE_ERRORS)
+
+
+async def _read_body(r: aiohttp.ClientResponse, body: Body) -> bytes:
+    """The whole body through the bounded decoder."""
+    length = r.content_length
+    if length is not None and length > body.limit:  # said up front: no byte need be read
+        raise too_large(body.url, body.limit, length, "received")
+    content = r.content
+    parts = []
+    while data := await content.readany():
+        parts.append(body.feed(data))
+    parts.append(body.end())
+    return parts[0] if len(parts) == 2 and not parts[1] else b"".join(parts)
 
 
 class AiohttpAnswer:
     """An aiohttp response under httpx.Response's names."""
 
-    __slots__ = ("_r", "status_code", "headers", "_content")
+    __slots__ = ("_r", "status_code", "headers", "_content", "_body", "_timeout")
 
-    def __init__(self, r: aiohttp.ClientResponse, content: bytes | None = None) -> None:
+    def __init__(self, r: aiohttp.ClientResponse, body: Body, timeout: httpx.Timeout,
+                 content: bytes | None = None) -> None:
         self._r = r
         self.status_code = r.status
         self.headers: Mapping[str, str] = r.headers
         self._content = content
+        self._body = body
+        self._timeout = timeout
 
     @property
     def content(self) -> bytes:
         if self._content is None:
-            raise httpx.ResponseNotRead()
+            raise not_read(self._body.url)
         return self._content
 
     @property
@@ -188,23 +205,38 @@ class AiohttpAnswer:
     async def aread(self) -> bytes:
         if self._content is None:
             try:
-                self._content = await self._r.read()
+                self._content = await _read_body(self._r, self._body)
+            except TransportError:
+                self._r.close()
+                raise
             except WIRE_ERRORS as e:
                 self._r.close()
-                raise _as_httpx(e) from e
+                raise _wire_error(e, self._body.url, self._timeout) from e
         return self._content
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        body = self._body
         try:
             async for data in self._r.content.iter_any():
-                yield data
+                data = body.feed(data)
+                if data:
+                    yield data
+            if tail := body.end():
+                yield tail
+        except TransportError:
+            self._r.close()
+            raise
         except WIRE_ERRORS as e:
             self._r.close()
-            raise _as_httpx(e) from e
+            raise _wire_error(e, body.url, self._timeout) from e
 
     async def aclose(self) -> None:
         # A body read to its end returns the connection to the pool; one left unread closes it.
         self._r.release()
+
+    def abort(self) -> None:
+        """Close the connection now (a deadline or a limit): never back to the pool."""
+        self._r.close()
 
 
 class _Watch:
@@ -212,25 +244,26 @@ class _Watch:
 
     __slots__ = ("attempt", "proto", "start")
 
-    def __init__(self, attempt: Attempt) -> None:
+    def __init__(self, attempt: AttemptEvidence) -> None:
         self.attempt = attempt
         self.proto: CountingHandler | None = None
         self.start = 0
-        attempt.reused = False  # a new connection until the connector shows a reused one
 
     def settle(self) -> None:
         """After a failure: did any response byte arrive during this attempt?"""
         if self.proto is not None:  # the count is the evidence either way: moved, or positively not
-            self.attempt.response_seen = self.proto.bytes_in > self.start
+            self.attempt.response(seen=self.proto.bytes_in > self.start)
 
 
 class AiohttpWire:
     name = "aiohttp"
 
     def __init__(self, *, headers: Mapping[str, str], verify: bool = True, limit: int = 256,
-                 keepalive_s: float | None = 5.0) -> None:
+                 keepalive_s: float | None = 5.0, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
         # The key goes per request (a session's default header cannot be left off one request).
         self._headers = CIMultiDict((k, v) for k, v in headers.items() if k.lower() != "authorization")
+        self._headers["accept-encoding"] = ACCEPT_ENCODING  # what the bounded decoder reads
         auth = {k: v for k, v in headers.items() if k.lower() == "authorization"}
         # by withhold_key; read-only multidicts, which aiohttp merges without copying them into one first
         self._extra = {False: CIMultiDictProxy(CIMultiDict(auth)) if auth else None, True: None}
@@ -256,7 +289,7 @@ class AiohttpWire:
         # Made on first use: aiohttp binds a session to the running event loop.
         conn = Connector(limit=self._limit, limit_per_host=0, keepalive_timeout=self._keepalive,
                          ssl=self._verify)  # True: verify certificates and host names (aiohttp default)
-        self._session = aiohttp.ClientSession(connector=conn, headers=self._headers,
+        self._session = aiohttp.ClientSession(connector=conn, headers=self._headers, auto_decompress=False,
                                               cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
         return self._session
 
@@ -273,7 +306,10 @@ class AiohttpWire:
 
     async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
-                   attempt: Attempt | None = None, withhold_key: bool = False) -> AiohttpAnswer:
+                   attempt: AttemptEvidence | None = None, withhold_key: bool = False,
+                   max_bytes: int | None = None) -> AiohttpAnswer:
+        """`max_bytes`: the body's size limit (received and decoded; the wire's own by default). The
+        whole-request deadline is the caller's (`AsyncClient`): cancelling a send closes its connection."""
         if self._closed:
             raise ConfigError("this client was closed; make a new one")
         session = self._session or self._open()
@@ -292,17 +328,24 @@ class AiohttpWire:
         except WIRE_ERRORS as e:
             if watch is not None:
                 watch.settle()
-            raise _as_httpx(e) from e
+            raise _wire_error(e, url, timeout) from e
         finally:
             _WATCH.reset(token)
+        body = Body(url, self.max_bytes if max_bytes is None else max_bytes, r.headers.get("content-encoding"))
         if stream:
-            return AiohttpAnswer(r)
+            return AiohttpAnswer(r, body, timeout)
         try:
-            body = await r.read()
+            data = await _read_body(r, body)
+        except TransportError:
+            r.close()
+            raise
         except WIRE_ERRORS as e:
             r.close()
-            raise _as_httpx(e) from e
-        return AiohttpAnswer(r, body)
+            raise _wire_error(e, url, timeout) from e
+        except BaseException:  # cancelled (a deadline): the connection goes, never back to the pool
+            r.close()
+            raise
+        return AiohttpAnswer(r, body, timeout, data)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Iterator, Mapping, Union
+from typing import Any, Iterable, Iterator, Mapping, Protocol, TypeVar, Union
 
 import attrs
 import httpx
@@ -17,9 +17,11 @@ import httpx
 from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
 from ._memo import BoundedMemo
-from ._errors import (ConfigError, KotobaError, ProtocolError, RequestTimeout, ServerError, StreamBroken,
-                      TransportError, Unreachable, ValidationError, register_secret)
-from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest, CompletionRequest,
+from ._fields import KWARG_KEYS
+from ._errors import (ConfigError, KotobaError, ProtocolError, Redirected, RequestTimeout, ResponseTooLarge,
+                      ServerError, StreamBroken, TransportError, Unreachable, ValidationError, register_secret)
+from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest,
+                     CompletionRequest,
                      GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest)
 from ._openai_messages import MESSAGE_FIELDS, message_to_edn
 from ._origins import TrustedOrigins, origin_of, show
@@ -29,8 +31,9 @@ from ._resend import AttemptEvidence
 from ._resend import may_resend as evidence_allows_resend
 from ._timings import ClientClock
 from ._validate import send_problems
+from ._wire_core import DEFAULT_MAX_BYTES, PROBE_MAX_BYTES, too_large
 from .dialects import ChunkStream, Dialect, HttpRequest, classify_error, get_dialect
-from .dialects._http import decode_json, may_hold_wide_int, stream_error
+from .dialects._http import decode_json, decode_json_refusing_wide_ints, may_hold_wide_int, stream_error
 
 RequestInput = Union[Request, EdnMap]
 """What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
@@ -39,9 +42,18 @@ MessagesInput = Union[str, Iterable[Union[Message, EdnMap, Mapping[str, Any]]]]
 dicts, whose values are JSON and checked when they become a `Message`)."""
 TimeoutArg = Union[float, httpx.Timeout, None]
 """Seconds for every phase, an `httpx.Timeout` per phase, or None for the client's default."""
+DeadlineArg = Union[float, None]
+"""Seconds for the whole call (`inf`: none), or None for the request's `:vllm/deadline-s`, else the client's."""
 
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+DEFAULT_DEADLINE_S = 600.0
+"""The whole call, connect to last byte (a trickling server cannot hold a call past it)."""
+DEFAULT_STREAM_IDLE_S = 120.0
+"""Between a stream's data events, from the first one on (comments and heartbeats do not count;
+the wait for the first token - a long prefill - is bounded by the deadline, not by this)."""
+DEFAULT_SSE_LINE_BYTES = 16 * 1024 * 1024
 DETECT_TIMEOUT = httpx.Timeout(3.0)
+DETECT_DEADLINE_S = 5.0
 API_KEY_ENV = "KOTOBA_VLLM_API_KEY"
 BASE_URL_ENV = "KOTOBA_VLLM_BASE_URL"
 USER_AGENT = "kotoba-vllm/0.1"
@@ -173,6 +185,7 @@ class Plan:
     base_url: str
     # The request names a server outside the configured origins: send it without Authorization.
     key_withheld: bool = False
+    sends: int = 1  # how many times it went out (a stale keep-alive connection sends it once more)
 
 
 _CONNECT_EVENTS = ("connection.connect_tcp", "connection.connect_unix")
@@ -188,17 +201,19 @@ class Attempt(AttemptEvidence):
     __slots__ = ()
 
     def __call__(self, name: str, info: Mapping[str, Any]) -> None:
-        # Called ~10 times per request: one tuple-prefix test each, cheapest first.
-        if name.startswith(_RESPONSE_EVENTS):
-            self.response_seen = True
-        elif name.startswith(_SEND_EVENTS):
-            if self.reused is None:
-                self.reused = True  # no connect event before the request went out: a pooled connection
-            if self.response_seen is None:
-                self.response_seen = False
-        elif name.startswith(_CONNECT_EVENTS):
-            if self.reused is None:
-                self.reused = False
+        trace_event(self, name)
+
+
+def trace_event(ev: AttemptEvidence, name: str, info: object = None) -> None:
+    """One httpcore trace event into the evidence."""
+    # Called ~10 times per request: one tuple-prefix test each, cheapest first.
+    if name.startswith(_RESPONSE_EVENTS):
+        ev.response(seen=True)
+    elif name.startswith(_SEND_EVENTS):
+        ev.connection(reused=True)  # no connect event before the request went out: a pooled connection
+        ev.response(seen=False)
+    elif name.startswith(_CONNECT_EVENTS):
+        ev.connection(reused=False)
 
 
 class AsyncAttempt(Attempt):
@@ -208,44 +223,47 @@ class AsyncAttempt(Attempt):
 
     # override: httpcore awaits the trace hook on async transports, so the same hook is a coroutine here.
     async def __call__(self, name: str, info: Mapping[str, Any]) -> None:  # type: ignore[override]
-        Attempt.__call__(self, name, info)
+        trace_event(self, name)
 
 
-# httpx's connection-level failures: what a closed keep-alive connection raises (never a timeout or refusal).
-STALE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 # What a dialect's parser raises on JSON of an unexpected shape (a list where a map belongs ...)
 SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError, OverflowError)
 
 
-def may_resend(exc: BaseException, attempt: AttemptEvidence | None) -> bool:
-    """httpx's side of the evidence rule (`_resend.may_resend`): a connection-level failure on a
-    reused keep-alive connection before any response byte, as the trace reported it."""
-    return evidence_allows_resend(connection_failed=isinstance(exc, STALE_ERRORS), evidence=attempt)
+def may_resend(exc: TransportError, attempt: AttemptEvidence | None) -> bool:
+    """The evidence rule (`_resend.may_resend`) on a wire's failure: the connection was lost under a
+    reused keep-alive connection before any response byte, as the wire reported it."""
+    return evidence_allows_resend(connection_failed=exc.connection_lost, evidence=attempt)
 
 
-def transport_error(exc: BaseException, url: str, timeout: httpx.Timeout, partial: str | None = None) -> KotobaError:
-    """Map an httpx failure to a typed error (pure)."""
-    if isinstance(exc, httpx.TimeoutException):
-        phase = {httpx.ConnectTimeout: "connect", httpx.ReadTimeout: "read", httpx.WriteTimeout: "write",
-                 httpx.PoolTimeout: "pool"}.get(type(exc), "read")
-        limit = getattr(timeout, phase, None)
-        return RequestTimeout(f"{phase} timeout after {limit} s talking to {url}", phase=phase, limit_s=limit,
-                              endpoint=url, partial_text=partial)
-    if isinstance(exc, httpx.ConnectError):
-        return Unreachable(f"cannot connect to {url}: {exc}", endpoint=url)
-    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
-        return Unreachable(f"bad URL {url}: {exc}", endpoint=url)
-    if partial is not None:
-        return StreamBroken(f"stream from {url} broke: {exc or type(exc).__name__}", partial_text=partial,
-                            endpoint=url)
-    return TransportError(f"{url}: {exc or type(exc).__name__}", endpoint=url)
+def broken_stream(exc: TransportError, url: str, partial: str) -> TransportError:
+    """A wire's failure in the middle of a stream: the text so far kept. A timeout or a limit stays
+    what it is (with the partial text); anything else is `StreamBroken`."""
+    if isinstance(exc, RequestTimeout):
+        exc.partial_text = partial
+        return exc
+    if isinstance(exc, (StreamBroken, ResponseTooLarge)):
+        return exc
+    return StreamBroken(f"stream from {url} broke: {exc.message}", partial_text=partial, endpoint=url)
+
+
+def answer_error(status: int, raw: bytes, headers: Mapping[str, str], url: str) -> ServerError:
+    """The typed error for an answer that is not a success: a 3xx names its status and `Location`
+    (redirects are never followed, nor taken as the answer); 4xx/5xx by `classify_error`."""
+    if status >= 400:
+        return classify_error(status, raw, headers, url)
+    location = headers.get("location")
+    return Redirected(f"{url} answered HTTP {status} (a redirect{f' to {location}' if location else ''}); redirects "
+                      f"are not followed: use the final URL as base_url", status=status, location=location,
+                      endpoint=url, raw_body=raw)
 
 
 class StreamRun:
     """Pure-ish driver of one stream: feeds SSE payloads into the dialect's decoder and keeps the clock."""
 
-    def __init__(self, plan: Plan, sent: float | None = None) -> None:
+    def __init__(self, plan: Plan, sent: float | None = None, server_request_id: str | None = None) -> None:
         self.plan = plan
+        self.server_request_id = server_request_id  # the response's x-request-id: the id the server used
         self.decoder: ChunkStream = plan.dialect.stream_decoder(plan.request, plan.url)
         # `sent` is taken before the request goes out: TTFT includes the wait for response headers.
         self.sent = time.perf_counter() if sent is None else sent
@@ -286,11 +304,22 @@ class StreamRun:
         clock = ClientClock(sent=self.sent, first_token=self.first,
                             last_token=self.token_times[-1] if self.token_times else None, done=time.perf_counter(),
                             token_times=tuple(self.token_times))
-        return self.decoder.response(clock)
+        return with_server_id(self.decoder.response(clock), self.server_request_id, self.plan.sends)
 
     @property
     def partial_text(self) -> str:
         return self.decoder.partial_text
+
+
+_Answer = TypeVar("_Answer", bound=AnyResponse)
+
+
+def with_server_id(resp: _Answer, server_request_id: str | None, sends: int = 1) -> _Answer:
+    """The answer with the request id the server says it used (its `x-request-id` header), beside ours, and
+    how many times the request was sent when that was more than once."""
+    if server_request_id is None and sends == 1 or not isinstance(resp, Response):
+        return resp
+    return attrs.evolve(resp, server_request_id=server_request_id, sends=sends if sends > 1 else None)
 
 
 def not_event_stream(content_type: str) -> str | None:
@@ -309,16 +338,25 @@ class SseDecoder:
     newline byte never sits inside a UTF-8 sequence, so per-line decoding is exact). An
     event is dispatched on a blank line when it has data or an event name; `id`, `retry`
     and comments are ignored; a trailing event with no blank line is dropped. llama-server's
-    non-standard `error:` field is kept as an `error` event so its failure is typed, not lost."""
+    non-standard `error:` field is kept as an `error` event so its failure is typed, not lost.
 
-    __slots__ = ("_buf", "_data", "_event", "_skip_lf", "_carry_wide")
+    Linear in the bytes, whatever the line length: a read with no line end is only set aside, and
+    the pieces of a long line are joined once, when it ends (`scanned` counts the bytes looked at).
+    A line longer than `max_line` is `ResponseTooLarge` (what="sse-line")."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_buf", "_parts", "_held", "_data", "_event", "_skip_lf", "_carry_wide", "url", "max_line",
+                 "scanned")
+
+    def __init__(self, url: str = "", max_line: int = DEFAULT_SSE_LINE_BYTES) -> None:
         self._buf = b""
+        self._parts: list[bytes] = []  # reads with no line end, after `_buf`: joined when the line ends
+        self._held = 0  # bytes in `_buf` and `_parts`
         self._data: list[str] = []
         self._event: str | None = None
         self._skip_lf = False  # the last chunk ended in CR: a leading LF belongs to that CRLF
         self._carry_wide = False  # the event in progress has a line from an earlier read with a 19-digit run
+        self.url, self.max_line = url, max_line
+        self.scanned = 0
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
         return list(self.events(chunk))
@@ -336,7 +374,19 @@ class SseDecoder:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        buf = self._buf + chunk if self._buf else chunk
+        if self._held:
+            self.scanned += len(chunk)
+            if b"\n" not in chunk and b"\r" not in chunk:  # the line goes on: set aside, not rescanned
+                self._held += len(chunk)
+                if self._held > self.max_line:
+                    raise too_large(self.url, self.max_line, self._held, "sse-line")
+                self._parts.append(chunk)
+                return
+            buf = b"".join([self._buf, *self._parts, chunk]) if self._parts else self._buf + chunk
+            self._parts = []
+        else:
+            buf = chunk
+        self.scanned += len(buf)
         if b"\r" in buf:
             if buf[-1:] == b"\r":
                 self._skip_lf = True
@@ -344,6 +394,11 @@ class SseDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         cut = buf.rfind(b"\n") + 1
         self._buf = buf[cut:]  # an incomplete last line waits for the next read
+        self._held = len(self._buf)
+        if self._held > self.max_line:
+            raise too_large(self.url, self.max_line, self._held, "sse-line")
+        if not cut:
+            return
         read_wide = may_hold_wide_int(buf)
         wide = read_wide or self._carry_wide
         data = self._data
@@ -379,6 +434,13 @@ class SseDecoder:
                     data.append(value.decode("utf-8", "replace"))
                     self._event = "error"
         self._carry_wide = wide and bool(data or self._event is not None)
+
+
+def _finite(seconds: float, name: str) -> float | None:
+    """A limit in seconds: positive, `inf` for none."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
+        raise ConfigError(f"{name} must be a positive number of seconds (inf for none), got {seconds!r}")
+    return None if seconds == float("inf") else float(seconds)
 
 
 def server_root(url: str) -> str:
@@ -424,16 +486,66 @@ def streaming(request: RequestInput) -> TextRequest:
     return req if req.stream else attrs.evolve(req, stream=True)
 
 
+# Keyword arguments that are not sampling knobs: the engine fields (named as the engines name them), the
+# pass-through, and two request attributes.
+_REQUEST_KWARGS = frozenset({"request_id", "tool_choice"})
+_NOT_SAMPLING = frozenset(KWARG_KEYS) | _REQUEST_KWARGS
+
+
+class KwargsSplit:
+    """Keyword arguments sorted: sampling knobs, engine fields (by EDN key) and request attributes."""
+
+    __slots__ = ("sampling", "fields", "attrs")
+
+    def __init__(self, kwargs: Mapping[str, Any]) -> None:
+        self.sampling: Mapping[str, Any] = kwargs
+        self.fields: dict[str, Edn] = {}
+        self.attrs: dict[str, Any] = {}
+        if _NOT_SAMPLING.isdisjoint(kwargs):  # the common call: sampling knobs only, nothing copied
+            return
+        self.sampling = {}
+        for k, v in kwargs.items():
+            if k in _REQUEST_KWARGS:
+                self.attrs[k] = v
+            elif k in KWARG_KEYS:
+                self.fields[KWARG_KEYS[k]] = _as_edn_value(v)
+            else:
+                self.sampling[k] = v
+
+    def extras(self, extras: Mapping[str, Edn] | None) -> dict[str, Edn]:
+        out = dict(extras or {})
+        for k, v in self.fields.items():
+            if k in out:
+                raise ValidationError([Problem("error", "request/conflict", f"{k.rsplit('/', 1)[1]!r} is given twice: "
+                                               f"as a keyword argument and as :{k} in extras", field=k)])
+            out[k] = v
+        return out
+
+
 def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
                  extras: Mapping[str, Edn] | None) -> ChatRequest:
-    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(sampling),
-                       stream=stream or None, tools=tools, extras=dict(extras or {}))
+    split = KwargsSplit(sampling)
+    return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(split.sampling),
+                       stream=stream or None, tools=tools, extras=split.extras(extras),
+                       tool_choice=split.attrs.get("tool_choice"), request_id=split.attrs.get("request_id"))
+
+
+class ManagedServer(Protocol):
+    """A server process this caller started (`kotoba_vllm.local.LlamaServer`): asked, after a transport
+    failure, whether it died, so the call raises why (a signal, an exit status) instead."""
+
+    def failure(self, wait_s: float = 0.0) -> KotobaError | None: ...
+
+
+# A killed server's sockets close just before it can be reaped: how long a failed call waits to learn why.
+SERVER_EXIT_WAIT_S = 1.0
 
 
 class BaseClient:
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
-                 model: str | None = None, trusted_origins: Iterable[str] = ()) -> None:
+                 model: str | None = None, trusted_origins: Iterable[str] = (), deadline: float | None = None,
+                 stream_idle_s: float | None = None, max_response_bytes: int | None = None) -> None:
         if backend != "auto" and backend not in BACKENDS:
             raise ConfigError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
         # Origins the key may go to besides the base URL's own (see `_origins`).
@@ -445,11 +557,18 @@ class BaseClient:
         register_secret(self.__api_key)  # a server quoting our Authorization header back never shows it
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else (
             DEFAULT_TIMEOUT if timeout is None else httpx.Timeout(timeout))
+        # The limits every call is held to (docs/trust.md); `inf` turns a deadline off.
+        self.deadline_s = _finite(DEFAULT_DEADLINE_S if deadline is None else deadline, "deadline")
+        self.stream_idle_s = _finite(DEFAULT_STREAM_IDLE_S if stream_idle_s is None else stream_idle_s, "stream_idle_s")
+        self.max_response_bytes = max_response_bytes or DEFAULT_MAX_BYTES
+        self.max_sse_line = min(self.max_response_bytes, DEFAULT_SSE_LINE_BYTES)
+        self.probe_max_bytes = min(self.max_response_bytes, PROBE_MAX_BYTES)
         self.model = model
         self._headers = client_headers(self.__api_key, headers)
         self._has_key = "authorization" in self._headers  # a caller's own http client may carry one (subclasses)
         self._urls: BoundedMemo[str, httpx.URL] = BoundedMemo(256)  # see `_url`
         self.resends = 0  # requests sent again after a stale keep-alive connection (see `_resend`)
+        self.managed_server: ManagedServer | None = None  # see `ManagedServer`; set by `LlamaServer.client()`
 
     def __repr__(self) -> str:  # the key is never shown
         key = ", api_key=<set>" if self.__api_key else ""
@@ -468,6 +587,13 @@ class BaseClient:
     def _key_withheld(self, base: str) -> bool:
         """True when a key is set and `base` is outside the configured origins."""
         return self._has_key and not self.trusted.allows(base)
+
+    def _http_error(self, status: int, raw: bytes, headers: Mapping[str, str], plan: Plan) -> KotobaError:
+        """The typed error for an HTTP error answer, carrying our request id and the one the server used."""
+        err = answer_error(status, raw, headers, plan.url)
+        err.request_id = plan.request.request_id
+        err.server_request_id = headers.get("x-request-id")
+        return self._explain_withheld(err, plan)
 
     def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:
         """A 401/403 from a server we withheld the key from says so, and how to trust it."""
@@ -522,27 +648,48 @@ class BaseClient:
         return Plan(req, dialect, http, base + http.path, base, self._key_withheld(base))
 
     def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:
-        if status >= 400:
-            raise self._explain_withheld(classify_error(status, raw, headers, plan.url), plan)
+        if status >= 300:
+            raise self._http_error(status, raw, headers, plan)
         obj = decode_json(raw)
+        refused: list[str] = []
+        if obj is None:
+            obj, refused = decode_json_refusing_wide_ints(raw)
         if obj is None:
             if plan.request.endpoint not in plan.dialect.text_answers:
                 raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
             obj = raw.decode("utf-8", "replace")  # a control call's answer in words (vLLM, SGLang), or none
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
-            return plan.dialect.parse(plan.request, obj, plan.url, clock)
+            resp = with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"),
+                                  plan.sends)
         except KotobaError as e:
             e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
             raise
         except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
             raise ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
                                 endpoint=plan.url) from None
+        if refused and isinstance(getattr(resp, "extras", None), dict):
+            resp.extras["kotoba/refused"] = refused  # type: ignore[union-attr]  # which fields were dropped, and why
+        return resp
 
     def _url(self, url: str) -> httpx.URL:
         """The parsed URL, cached: parsing a URL string costs as much as the rest of building a request."""
         parsed = self._urls.get(url)
         return parsed if parsed is not None else self._urls.keep(url, httpx.URL(url))
+
+    def _deadline_for(self, deadline: float | None, req: Request) -> float | None:
+        """The call's deadline: the argument, else the request's `:vllm/deadline-s`, else the client's."""
+        if deadline is None:
+            deadline = req.deadline_s
+            if deadline is None:
+                return self.deadline_s
+        return _finite(deadline, "deadline")
+
+    @staticmethod
+    def detection_fatal(e: TransportError) -> bool:
+        """A detection probe that failed this way ends detection: the server cannot be reached at all, or
+        detection's own deadline (`DETECT_DEADLINE_S`, every probe together) has passed."""
+        return isinstance(e, Unreachable) or (isinstance(e, RequestTimeout) and e.phase in ("connect", "total"))
 
     def _timeout_for(self, timeout: float | httpx.Timeout | None) -> httpx.Timeout:
         if timeout is None:
@@ -558,5 +705,9 @@ class BaseClient:
                             extras: Mapping[str, Edn] | None, native: bool) -> CompletionRequest | GenerateRequest:
         cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
-        return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(sampling), stream=stream or None,
-                   extras=dict(extras or {}))
+        split = KwargsSplit(sampling)
+        if "tool_choice" in split.attrs:
+            raise ValidationError([Problem("error", "request/type", "tool_choice is a chat argument",
+                                           field="vllm/tool-choice")])
+        return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(split.sampling), stream=stream or None,
+                   extras=split.extras(extras), request_id=split.attrs.get("request_id"))

@@ -10,25 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, overload
+from typing import Any, AsyncIterator, Awaitable, Iterable, Iterator, Mapping, TypeVar, overload
 
 import attrs
 import httpx
 
-from ._base_client import (DETECT_TIMEOUT, DETECTION_PROBES, AsyncAttempt, Attempt, BaseClient, MessagesInput, Plan,
-                           RequestInput, SseDecoder, StreamRun, TimeoutArg, decide_backend, may_resend,
-                           not_event_stream, streaming, transport_error)
+from ._base_client import (DETECT_DEADLINE_S, DETECT_TIMEOUT, DETECTION_PROBES, SERVER_EXIT_WAIT_S, AsyncAttempt,
+                           Attempt, BaseClient, DeadlineArg, MessagesInput, Plan, RequestInput, SseDecoder, StreamRun,
+                           TimeoutArg, answer_error, broken_stream, decide_backend, may_resend, not_event_stream,
+                           streaming)
+from ._deadlines import Deadlines, Watch, expired
 from ._edn import Edn, EdnMap
 from ._endpoint_calls import R, AsyncEndpointCalls, EndpointCalls, checked, embedding_request
-from ._errors import KotobaError, ProtocolError
+from ._errors import KotobaError, ProtocolError, RequestTimeout, TransportError
 from ._model import (AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, Health,
                      ModelsResponse, Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from ._resend import MAX_RESENDS
-from .dialects import classify_error, get_dialect
+from .dialects import get_dialect
 from .dialects._http import decode_json
 from ._wire import Answer, AsyncWire, HttpxSyncWire, HttpxWire, SyncAnswer, SyncWire, default_sync_wire, default_wire
+from ._wire_core import DEFAULT_MAX_BYTES, lost
 from .server_config import CONFIG_TIMEOUT, ServerConfig, aserver_configs, server_configs
 
+T = TypeVar("T")
 _CLOSING: set["asyncio.Task[None]"] = set()  # closes of dropped async streams, kept until done
 
 
@@ -36,16 +40,38 @@ def _limits() -> httpx.Limits:
     return httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=5.0)
 
 
+
+def _death(client: BaseClient, err: TransportError) -> KotobaError | None:
+    """After a transport failure against a server this caller started: why it died (signal, log tail), if it did."""
+    server = client.managed_server
+    if server is None or isinstance(err, RequestTimeout):
+        return None
+    return _located(server.failure(SERVER_EXIT_WAIT_S), err)
+
+
+async def _adeath(client: BaseClient, err: TransportError) -> KotobaError | None:
+    """`_death` without blocking the loop while a dying server is reaped."""
+    server = client.managed_server
+    if server is None or isinstance(err, RequestTimeout):
+        return None
+    return _located(server.failure() or await asyncio.to_thread(server.failure, SERVER_EXIT_WAIT_S), err)
+
+
+def _located(died: KotobaError | None, err: KotobaError) -> KotobaError | None:
+    if died is not None:
+        died.endpoint = died.endpoint or err.endpoint
+    return died
+
 class Stream:
     """A streamed answer: iterate for `StreamDelta`s; `.response` is the assembled answer after the end.
 
     Closing early (or leaving the `with` block) closes the connection."""
 
     def __init__(self, client: "Client", plan: Plan, response: SyncAnswer, sent: float | None = None,
-                 timeout: httpx.Timeout | None = None) -> None:
+                 until: float | None = None, deadline_s: float | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
-        self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
-        self._run = StreamRun(plan, sent)
+        self._until, self._deadline_s = until, deadline_s  # the whole request's deadline (monotonic)
+        self._run = StreamRun(plan, sent, response.headers.get("x-request-id"))
         self.response: Response | None = None
 
     @property
@@ -64,12 +90,21 @@ class Stream:
                 if why is not None:
                     raise ProtocolError(f"not an event stream: {why}", endpoint=plan.url,
                                         partial_text=run.partial_text)
-                sse = SseDecoder()
-                for chunk in self._http.iter_bytes():
+                sse = SseDecoder(plan.url, self._client.max_sse_line)
+                idle_s, until, http = self._client.stream_idle_s, self._until, self._http
+                for chunk in http.iter_bytes():
+                    got = False
                     for event, data, wide in sse.payloads(chunk):
+                        got = True
                         yield from run.on_data(data, event, wide)
-            except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
+                    if got and idle_s is not None:  # a data event: the idle limit starts again (comments never)
+                        idle = time.monotonic() + idle_s
+                        if until is None or idle < until:
+                            http.deadline(idle, "idle", idle_s)
+                        else:
+                            http.deadline(until, "total", self._deadline_s)
+            except TransportError as e:
+                raise (_death(self._client, e) or broken_stream(e, plan.url, run.partial_text)) from e
             self.response = run.on_end()
         finally:
             self._http.close()
@@ -103,10 +138,10 @@ class AsyncStream:
     """Async twin of `Stream`. Cancelling the consuming task closes the connection."""
 
     def __init__(self, client: "AsyncClient", plan: Plan, response: Answer,
-                 sent: float | None = None, timeout: httpx.Timeout | None = None) -> None:
+                 sent: float | None = None, watch: Watch | None = None) -> None:
         self._client, self._plan, self._http = client, plan, response
-        self._timeout = timeout if timeout is not None else client.timeout  # named in a mid-stream timeout
-        self._run = StreamRun(plan, sent)
+        self._watch = watch  # the whole request's deadline, armed when the request went out
+        self._run = StreamRun(plan, sent, response.headers.get("x-request-id"))
         self.response: Response | None = None
 
     @property
@@ -125,14 +160,46 @@ class AsyncStream:
                 if why is not None:
                     raise ProtocolError(f"not an event stream: {why}", endpoint=plan.url,
                                         partial_text=run.partial_text)
-                sse = SseDecoder()
-                async for chunk in self._http.aiter_bytes():
-                    # lazily: many async streams are open at once, each holding only what it has read
-                    for event, data, wide in sse.payloads(chunk):
-                        for d in run.on_data(data, event, wide):
-                            yield d
-            except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, self._timeout, run.partial_text) from e
+                client = self._client
+                sse = SseDecoder(plan.url, client.max_sse_line)
+                deadlines, idle_s, watch = client.deadlines, client.stream_idle_s, self._watch
+                until, total_s = (None, None) if watch is None else (watch.when, watch.limit_s)
+                chunks = self._http.aiter_bytes().__aiter__()
+                try:
+                    while True:
+                        if watch is not None:
+                            if watch.fired:
+                                raise watch.timed_out(plan.url)
+                            watch.task = asyncio.current_task()
+                        try:
+                            chunk = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        except asyncio.CancelledError:
+                            if watch is not None and expired(watch):
+                                raise watch.timed_out(plan.url) from None
+                            raise
+                        if watch is not None:
+                            watch.task = None
+                        got = False
+                        # lazily: many async streams are open at once, each holding only what it has read
+                        for event, data, wide in sse.payloads(chunk):
+                            got = True
+                            for d in run.on_data(data, event, wide):
+                                yield d
+                        if got and idle_s is not None:  # a data event: the idle limit starts again
+                            idle = deadlines.now() + idle_s if watch is not None else None
+                            if watch is None:
+                                watch = deadlines.arm(idle_s, what="idle", waiting=False)
+                            elif idle is not None and (until is None or idle < until):
+                                deadlines.move(watch, idle, "idle", idle_s)
+                            elif until is not None and total_s is not None:
+                                deadlines.move(watch, until, "total", total_s)
+                finally:
+                    if watch is not None:
+                        deadlines.disarm(watch)
+            except TransportError as e:
+                raise (await _adeath(self._client, e) or broken_stream(e, plan.url, run.partial_text)) from e
             self.response = run.on_end()
         finally:
             await self._http.aclose()
@@ -166,18 +233,23 @@ class AsyncStream:
 
 
 class Client(BaseClient, EndpointCalls):
-    """Synchronous client. `Client(base_url, backend="auto"|"vllm"|"sglang"|"llamacpp"|"openai")`."""
+    """Synchronous client. `Client(base_url, backend="auto"|"vllm"|"sglang"|"llamacpp"|"openai")`.
+
+    Limits (docs/trust.md): `timeout` each phase, `deadline` the whole call (seconds), `stream_idle_s`
+    between a stream's data events, `max_response_bytes` every answer's body."""
 
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, verify: bool = True, http_client: httpx.Client | None = None,
-                 trusted_origins: Iterable[str] = ()) -> None:
+                 trusted_origins: Iterable[str] = (), deadline: float | None = None,
+                 stream_idle_s: float | None = None, max_response_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
-                         trusted_origins=trusted_origins)
+                         trusted_origins=trusted_origins, deadline=deadline, stream_idle_s=stream_idle_s,
+                         max_response_bytes=max_response_bytes)
         # A caller's httpx client is used as it is (our headers go on each request); by default the
         # measured fastest sync wire (http.client under our keep-alive pool), carrying our headers itself.
-        self._wire: SyncWire = (HttpxSyncWire(http_client, self._headers) if http_client is not None
-                                else default_sync_wire(self._headers, verify, _limits()))
+        self._wire: SyncWire = (HttpxSyncWire(http_client, self._headers, max_response_bytes) if http_client is not None
+                                else default_sync_wire(self._headers, verify, _limits(), max_response_bytes))
         self._has_key = self._has_key or (http_client is not None and "authorization" in http_client.headers)
 
     @property
@@ -193,7 +265,8 @@ class Client(BaseClient, EndpointCalls):
     def send_raw(self, method: str, url: str, *, content: bytes | None = None,
                  timeout: TimeoutArg = None) -> SyncAnswer:
         """One request on this client's wire with its headers, read whole; no decisions, no resend."""
-        return self._wire.send(method, url, content=content, timeout=self._timeout_for(timeout))
+        return self._wire.send(method, url, content=content, timeout=self._timeout_for(timeout),
+                               deadline_s=self.deadline_s)
 
     def __enter__(self) -> "Client":
         return self
@@ -203,19 +276,25 @@ class Client(BaseClient, EndpointCalls):
 
     # ------------------------------------------------------------ I/O primitives
 
-    def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> SyncAnswer:
+    def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool, deadline_s: float | None) -> SyncAnswer:
         http = plan.http
+        until = None if deadline_s is None else time.monotonic() + deadline_s
         for _ in range(MAX_RESENDS + 1):
             attempt = Attempt()
             try:
-                return self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
-                                       attempt=attempt, withhold_key=plan.key_withheld)
-            except httpx.HTTPError as e:
+                return self._wire.send(http.method, plan.url, json=http.body, headers=http.headers, timeout=timeout,
+                                       stream=stream, attempt=attempt, withhold_key=plan.key_withheld,
+                                       deadline_s=None if until is None else until - time.monotonic())
+            except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
-                raise transport_error(e, plan.url, timeout) from e
-        raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
+                died = _death(self, e)
+                if died is not None:
+                    raise died from e
+                raise
+        raise lost(plan.url, "every pooled connection was stale")
 
     def detect_backend(self, base_url: str | None = None) -> str:
         """Ask the server's own endpoints which engine it is (cached per base URL)."""
@@ -225,12 +304,14 @@ class Client(BaseClient, EndpointCalls):
         if base in self._detected:
             return self._detected[base]
         found = "openai"
+        until = time.monotonic() + DETECT_DEADLINE_S  # the whole detection, every probe in it
         for path, _ in DETECTION_PROBES:
             try:
-                r = self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT, withhold_key=self._key_withheld(base))
-            except httpx.HTTPError as e:
-                if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
-                    raise transport_error(e, base + path, DETECT_TIMEOUT) from e
+                r = self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT, withhold_key=self._key_withheld(base),
+                                    deadline_s=max(until - time.monotonic(), 0.001), max_bytes=self.probe_max_bytes)
+            except TransportError as e:
+                if self.detection_fatal(e):
+                    raise
                 continue
             hit = decide_backend(path, r.status_code, decode_json(r.content))
             if hit:
@@ -247,70 +328,80 @@ class Client(BaseClient, EndpointCalls):
     # ------------------------------------------------------------ the surface
 
     @overload
-    def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+    def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              checked: bool = False) -> Response: ...
     @overload
     def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
-             checked: bool = False) -> EmbeddingResponse: ...
+             deadline: DeadlineArg = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
     def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
-             checked: bool = False) -> TokenizeResponse: ...
+             deadline: DeadlineArg = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
     def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
-             checked: bool = False) -> DetokenizeResponse: ...
+             deadline: DeadlineArg = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              checked: bool = False) -> AnyResponse: ...
 
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              checked: bool = False) -> AnyResponse:
         """Send a typed request or an EDN request map; return the typed answer (its type follows
         the request's: `ChatRequest` -> `Response`, `TokenizeRequest` -> `TokenizeResponse`, ...).
-        A streaming request is consumed and its assembled response returned. `checked=True`: the
+        A streaming request is consumed and its assembled response returned. `deadline`: seconds for
+        the whole call (else the request's `:vllm/deadline-s`, else the client's). `checked=True`: the
         request already passed the engine-independent checks (a batch entry's `checked`), so only the
         engine's support is checked before sending."""
         plan = self._prepare(request, checked)
         t = self._timeout_for(timeout)
+        d = self._deadline_for(deadline, plan.request)
         if plan.http.stream:
-            return self._open_stream(plan, t).until_done()
+            return self._open_stream(plan, t, d).until_done()
         sent = time.perf_counter()
-        r = self._send(plan, t, stream=False)
+        r = self._send(plan, t, False, d)
         return self._finish(plan, r.status_code, r.headers, r.content, sent)
 
-    def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None) -> Stream:
+    def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
+               deadline: DeadlineArg = None) -> Stream:
         """Open a stream for a typed request or EDN map (streaming is switched on)."""
-        return self._open_stream(self._prepare(streaming(request)), self._timeout_for(timeout))
+        plan = self._prepare(streaming(request))
+        return self._open_stream(plan, self._timeout_for(timeout), self._deadline_for(deadline, plan.request))
 
-    def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> Stream:
+    def _open_stream(self, plan: Plan, timeout: httpx.Timeout, deadline_s: float | None) -> Stream:
         sent = time.perf_counter()
-        r = self._send(plan, timeout, stream=True)
-        if r.status_code >= 400:
+        until = None if deadline_s is None else time.monotonic() + deadline_s
+        r = self._send(plan, timeout, True, deadline_s)
+        if r.status_code >= 300:
             try:
                 raw = r.read()
-            except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, timeout) from e
             finally:
                 r.close()
-            raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)
-        return Stream(self, plan, r, sent, timeout)
+            raise self._http_error(r.status_code, raw, r.headers, plan)
+        return Stream(self, plan, r, sent, until, deadline_s)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
-             extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
-        return self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
+             extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
+             **sampling: Any) -> Response:
+        return self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout,
+                         deadline=deadline)
 
     def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
-                    extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Stream:
-        return self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
+                    extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
+                    deadline: DeadlineArg = None, **sampling: Any) -> Stream:
+        return self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout,
+                           deadline=deadline)
 
     def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
-                   extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, **sampling: Any) -> Response:
+                   extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
+                   **sampling: Any) -> Response:
         """`/v1/completions`, or the engine's native route (`native=True`: llama.cpp `/completion`, SGLang `/generate`)."""
-        return self.send(self._completion_request(prompt, model, False, sampling, extras, native), timeout=timeout)
+        return self.send(self._completion_request(prompt, model, False, sampling, extras, native), timeout=timeout,
+                         deadline=deadline)
 
     def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
                           extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                          **sampling: Any) -> Stream:
-        return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout)
+                          deadline: DeadlineArg = None, **sampling: Any) -> Stream:
+        return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout,
+                           deadline=deadline)
 
     def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
                    encoding_format: str | None = None) -> EmbeddingResponse:
@@ -331,12 +422,9 @@ class Client(BaseClient, EndpointCalls):
         backend = self.detect_backend()
         dialect = get_dialect(backend)
         url = self.base_url + dialect.models_path
-        try:
-            r = self._wire.send("GET", url, timeout=self.timeout)
-        except httpx.HTTPError as e:
-            raise transport_error(e, url, self.timeout) from e
-        if r.status_code >= 400:
-            raise classify_error(r.status_code, r.content, r.headers, url)
+        r = self._wire.send("GET", url, timeout=self.timeout, deadline_s=self.deadline_s)
+        if r.status_code >= 300:
+            raise answer_error(r.status_code, r.content, r.headers, url)
         return dialect.parse_models(decode_json(r.content), url)
 
     def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:
@@ -354,9 +442,9 @@ class Client(BaseClient, EndpointCalls):
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
         url = self.base_url + get_dialect(backend).health_path
         try:
-            r = self._wire.send("GET", url, timeout=DETECT_TIMEOUT)
-        except httpx.HTTPError as e:
-            err: KotobaError = transport_error(e, url, DETECT_TIMEOUT)
+            r = self._wire.send("GET", url, timeout=DETECT_TIMEOUT, deadline_s=DETECT_DEADLINE_S,
+                                max_bytes=self.probe_max_bytes)
+        except TransportError as err:
             return Health(ok=False, status=None, endpoint_url=url, detail=err.message)
         detail = None if r.status_code == 200 else r.text[:300]
         return Health(ok=r.status_code == 200, status=r.status_code, endpoint_url=url,
@@ -364,19 +452,24 @@ class Client(BaseClient, EndpointCalls):
 
 
 class AsyncClient(BaseClient, AsyncEndpointCalls):
-    """Asynchronous twin of `Client`: aiohttp by default, or a caller's `httpx.AsyncClient` as `http_client`."""
+    """Asynchronous twin of `Client`: aiohttp by default, or a caller's `httpx.AsyncClient` as `http_client`
+    (the same limits: docs/trust.md)."""
 
     def __init__(self, base_url: str | None = None, *, backend: str = "auto", api_key: str | None = None,
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, verify: bool = True,
-                 http_client: httpx.AsyncClient | None = None, trusted_origins: Iterable[str] = ()) -> None:
+                 http_client: httpx.AsyncClient | None = None, trusted_origins: Iterable[str] = (),
+                 deadline: float | None = None, stream_idle_s: float | None = None,
+                 max_response_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__(base_url, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
-                         trusted_origins=trusted_origins)
+                         trusted_origins=trusted_origins, deadline=deadline, stream_idle_s=stream_idle_s,
+                         max_response_bytes=max_response_bytes)
         # A caller's httpx client is used as it is (our headers go on each request); by default the
         # measured fastest wire (aiohttp), carrying our headers itself.
-        self._wire: AsyncWire = (HttpxWire(http_client, self._headers) if http_client is not None
-                                 else default_wire(self._headers, self.timeout, verify, _limits()))
+        self._wire: AsyncWire = (HttpxWire(http_client, self._headers, max_response_bytes) if http_client is not None
+                                 else default_wire(self._headers, self.timeout, verify, _limits(), max_response_bytes))
         self._has_key = self._has_key or (http_client is not None and "authorization" in http_client.headers)
+        self.deadlines = Deadlines()  # every call's whole-request deadline, on one timer
 
     @property
     def transport(self) -> str:
@@ -389,7 +482,8 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
     async def send_raw(self, method: str, url: str, *, content: bytes | None = None,
                        timeout: TimeoutArg = None) -> Answer:
         """One request on this client's wire with its headers, read whole; no decisions, no resend."""
-        return await self._wire.send(method, url, content=content, timeout=self._timeout_for(timeout))
+        return await self._bounded(self._wire.send(method, url, content=content, timeout=self._timeout_for(timeout)),
+                                   self.deadline_s, url)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -397,19 +491,38 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _bounded(self, call: Awaitable[T], deadline_s: float | None, url: str) -> T:
+        """`call`, ended by `RequestTimeout(phase="total")` (its connection closed) at the deadline."""
+        if deadline_s is None:
+            return await call
+        watch = self.deadlines.arm(deadline_s)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if expired(watch):
+                raise watch.timed_out(url) from None
+            raise
+        finally:
+            self.deadlines.disarm(watch)
+
     async def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool) -> Answer:
         http = plan.http
         for _ in range(MAX_RESENDS + 1):
             attempt = AsyncAttempt()
             try:
-                return await self._wire.send(http.method, plan.url, json=http.body, timeout=timeout, stream=stream,
-                                             attempt=attempt, withhold_key=plan.key_withheld)
-            except httpx.HTTPError as e:
+                return await self._wire.send(http.method, plan.url, json=http.body, headers=http.headers,
+                                             timeout=timeout, stream=stream, attempt=attempt,
+                                             withhold_key=plan.key_withheld)
+            except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
+                    plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
-                raise transport_error(e, plan.url, timeout) from e
-        raise transport_error(httpx.RemoteProtocolError("every pooled connection was stale"), plan.url, timeout)
+                died = await _adeath(self, e)
+                if died is not None:
+                    raise died from e
+                raise
+        raise lost(plan.url, "every pooled connection was stale")
 
     async def detect_backend(self, base_url: str | None = None) -> str:
         base = (base_url or self.base_url).rstrip("/")
@@ -418,13 +531,16 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         if base in self._detected:
             return self._detected[base]
         found = "openai"
+        until = time.monotonic() + DETECT_DEADLINE_S  # the whole detection, every probe in it
         for path, _ in DETECTION_PROBES:
             try:
-                r = await self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT,
-                                          withhold_key=self._key_withheld(base))
-            except httpx.HTTPError as e:
-                if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
-                    raise transport_error(e, base + path, DETECT_TIMEOUT) from e
+                r = await self._bounded(self._wire.send("GET", base + path, timeout=DETECT_TIMEOUT,
+                                                        withhold_key=self._key_withheld(base),
+                                                        max_bytes=self.probe_max_bytes),
+                                        max(until - time.monotonic(), 0.001), base + path)
+            except TransportError as e:
+                if self.detection_fatal(e):
+                    raise
                 continue
             hit = decide_backend(path, r.status_code, decode_json(r.content))
             if hit:
@@ -440,67 +556,94 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
 
     @overload
     async def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
-                   checked: bool = False) -> Response: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> Response: ...
     @overload
     async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
-                   checked: bool = False) -> EmbeddingResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
     async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
-                   checked: bool = False) -> TokenizeResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
     async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
-                   checked: bool = False) -> DetokenizeResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
-                   checked: bool = False) -> AnyResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> AnyResponse: ...
 
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
-                   checked: bool = False) -> AnyResponse:
+                   deadline: DeadlineArg = None, checked: bool = False) -> AnyResponse:
         plan = await self._prepare(request, checked)
         t = self._timeout_for(timeout)
+        d = self._deadline_for(deadline, plan.request)
         if plan.http.stream:
-            return await (await self._open_stream(plan, t)).until_done()
+            return await (await self._open_stream(plan, t, d)).until_done()
         sent = time.perf_counter()
-        r = await self._send(plan, t, stream=False)
+        if d is None:
+            r = await self._send(plan, t, stream=False)
+        else:  # `_bounded` inline: one coroutine fewer per request
+            deadlines = self.deadlines
+            watch = deadlines.arm(d)
+            try:
+                r = await self._send(plan, t, stream=False)
+            except asyncio.CancelledError:
+                if expired(watch):
+                    raise watch.timed_out(plan.url) from None
+                raise
+            finally:
+                deadlines.disarm(watch)
         return self._finish(plan, r.status_code, r.headers, r.content, sent)
 
-    async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None) -> AsyncStream:
-        return await self._open_stream(await self._prepare(streaming(request)), self._timeout_for(timeout))
+    async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
+                     deadline: DeadlineArg = None) -> AsyncStream:
+        plan = await self._prepare(streaming(request))
+        return await self._open_stream(plan, self._timeout_for(timeout), self._deadline_for(deadline, plan.request))
 
-    async def _open_stream(self, plan: Plan, timeout: httpx.Timeout) -> AsyncStream:
+    async def _open_stream(self, plan: Plan, timeout: httpx.Timeout, deadline_s: float | None) -> AsyncStream:
         sent = time.perf_counter()
-        r = await self._send(plan, timeout, stream=True)
-        if r.status_code >= 400:
-            try:
-                raw = await r.aread()
-            except httpx.HTTPError as e:
-                raise transport_error(e, plan.url, timeout) from e
-            finally:
-                await r.aclose()
-            raise self._explain_withheld(classify_error(r.status_code, raw, r.headers, plan.url), plan)
-        return AsyncStream(self, plan, r, sent, timeout)
+        watch = None if deadline_s is None else self.deadlines.arm(deadline_s)
+        try:
+            r = await self._send(plan, timeout, stream=True)
+            if r.status_code >= 300:
+                try:
+                    raw = await r.aread()
+                finally:
+                    await r.aclose()
+                raise self._http_error(r.status_code, raw, r.headers, plan)
+        except asyncio.CancelledError:
+            if watch is not None and expired(watch):
+                raise watch.timed_out(plan.url) from None
+            raise
+        except BaseException:
+            if watch is not None:
+                self.deadlines.disarm(watch)
+            raise
+        if watch is not None:
+            watch.task = None  # the stream's reads wait on it from here (see AsyncStream)
+        return AsyncStream(self, plan, r, sent, watch)
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
                    extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                   **sampling: Any) -> Response:
-        return await self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout)
+                   deadline: DeadlineArg = None, **sampling: Any) -> Response:
+        return await self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout,
+                               deadline=deadline)
 
     async def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
                           extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                          **sampling: Any) -> AsyncStream:
-        return await self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout)
+                          deadline: DeadlineArg = None, **sampling: Any) -> AsyncStream:
+        return await self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout,
+                                 deadline=deadline)
 
     async def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
                          extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                         **sampling: Any) -> Response:
+                         deadline: DeadlineArg = None, **sampling: Any) -> Response:
         return await self.send(self._completion_request(prompt, model, False, sampling, extras, native),
-                               timeout=timeout)
+                               timeout=timeout, deadline=deadline)
 
     async def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
                                 extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                                **sampling: Any) -> AsyncStream:
+                                deadline: DeadlineArg = None, **sampling: Any) -> AsyncStream:
         return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
-                                 timeout=timeout)
+                                 timeout=timeout, deadline=deadline)
 
     async def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
                          encoding_format: str | None = None) -> EmbeddingResponse:
@@ -522,12 +665,9 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         backend = await self.detect_backend()
         dialect = get_dialect(backend)
         url = self.base_url + dialect.models_path
-        try:
-            r = await self._wire.send("GET", url, timeout=self.timeout)
-        except httpx.HTTPError as e:
-            raise transport_error(e, url, self.timeout) from e
-        if r.status_code >= 400:
-            raise classify_error(r.status_code, r.content, r.headers, url)
+        r = await self._bounded(self._wire.send("GET", url, timeout=self.timeout), self.deadline_s, url)
+        if r.status_code >= 300:
+            raise answer_error(r.status_code, r.content, r.headers, url)
         return dialect.parse_models(decode_json(r.content), url)
 
     async def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:
@@ -541,9 +681,9 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         backend = self._backend if self._backend != "auto" else self._detected.get(self.base_url, "llamacpp")
         url = self.base_url + get_dialect(backend).health_path
         try:
-            r = await self._wire.send("GET", url, timeout=DETECT_TIMEOUT)
-        except httpx.HTTPError as e:
-            err: KotobaError = transport_error(e, url, DETECT_TIMEOUT)
+            r = await self._bounded(self._wire.send("GET", url, timeout=DETECT_TIMEOUT,
+                                                    max_bytes=self.probe_max_bytes), DETECT_DEADLINE_S, url)
+        except TransportError as err:
             return Health(ok=False, status=None, endpoint_url=url, detail=err.message)
         detail = None if r.status_code == 200 else r.text[:300]
         return Health(ok=r.status_code == 200, status=r.status_code, endpoint_url=url,

@@ -342,6 +342,12 @@ def _non_json(v: Edn) -> str | None:
     return describe(v)
 
 
+def json_problem(v: Edn) -> str | None:
+    """Why `v` cannot be sent as JSON, or None when it can."""
+    bad = _non_json(v)
+    return None if bad is None else f"cannot be sent as JSON: {bad}"
+
+
 def edn_to_json(v: Edn) -> Any:
     """EDN data -> JSON-ready Python: keywords become their (unqualified) names."""
     if isinstance(v, dict):
@@ -387,9 +393,14 @@ def edn_field(key: str, codec: Codec = ANY, default: Any = None, *, always: bool
 EXTRAS_META = "edn_extras"
 
 
-def extras_field(namespaces: tuple[str, ...]) -> Any:
-    """Keys in these namespaces that the class does not model are kept here as {name: EDN value}."""
-    return attrs.field(factory=dict, metadata={EXTRAS_META: namespaces}, hash=False, eq=True)
+def extras_field(namespaces: tuple[str, ...], known: AbstractSet[str] = frozenset()) -> Any:
+    """Keys in these namespaces that the class does not model are kept here as {name: EDN value}; in the
+    library's own `vllm` namespace only the `known` names (engine fields from a table)."""
+    return attrs.field(factory=dict, metadata={EXTRAS_META: namespaces, EXTRAS_KNOWN: frozenset(known)},
+                       hash=False, eq=True)
+
+
+EXTRAS_KNOWN = "edn_extras_known"
 
 
 # (attribute, key, "key " text, text of a non-nil value or None for nil, written when nil, (default, its text))
@@ -403,7 +414,8 @@ def _plain(codec: Codec) -> bool:
 
 
 class _Spec:
-    __slots__ = ("cls", "by_key", "by_id", "field_names", "fields", "extras_attr", "extras_ns", "required", "always",
+    __slots__ = ("cls", "by_key", "by_id", "field_names", "fields", "extras_attr", "extras_ns", "extras_known",
+                 "required", "always",
                  "writers", "default_texts", "_field_writers")
 
     def __init__(self, cls: type) -> None:
@@ -413,11 +425,13 @@ class _Spec:
         self.fields: list[tuple[str, Keyword, Codec]] = []
         self.extras_attr: str | None = None
         self.extras_ns: tuple[str, ...] = ()
+        self.extras_known: frozenset[str] = frozenset()
         self.required: list[str] = []
         self.always: frozenset[str] = frozenset(a.name for a in attrs.fields(cls) if a.metadata.get("always"))
         for a in attrs.fields(cls):
             if EXTRAS_META in a.metadata:
                 self.extras_attr, self.extras_ns = a.name, a.metadata[EXTRAS_META]
+                self.extras_known = a.metadata.get(EXTRAS_KNOWN, frozenset())
             elif "edn" in a.metadata:
                 k = kw(a.metadata["edn"])
                 self.by_key[k] = (a.name, a.metadata["codec"], k.name)
@@ -518,8 +532,10 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[
             entry = spec.by_key.get(k)
             if entry is None:
                 ns = k.namespace
-                if spec.extras_attr is not None and ns in spec.extras_ns and ns != "vllm":
-                    extras[k.name] = v
+                if spec.extras_attr is not None and ns in spec.extras_ns and (ns != "vllm"
+                                                                            or k.name in spec.extras_known):
+                    if v is not None:  # nil means absent
+                        extras[k.name] = v
                 else:
                     ctx.bad("request/unknown-key", f"unknown key {k} in {cls.__name__}", k.name, m, k)
                 continue

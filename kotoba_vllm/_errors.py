@@ -3,10 +3,13 @@
     KotobaError
     ├── ValidationError          problems found before sending; nothing was sent
     ├── TransportError           no usable HTTP answer
-    │   ├── Unreachable          connection refused, DNS, TLS
-    │   ├── RequestTimeout       connect / read / write / pool timeout (says which and the limit)
+    │   ├── Unreachable          connection refused, DNS, TLS, a URL that cannot be sent to
+    │   ├── RequestTimeout       connect / read / write / pool timeout, the whole-request deadline
+    │   │                        (`total`) or a stream's idle limit (`idle`): says which and the limit
+    │   ├── ResponseTooLarge     the answer passed a size limit (received or decoded bytes, an SSE line)
     │   └── StreamBroken         the stream ended early; `.partial_text` kept
     ├── ServerError              the server answered with an error (status, engine message, raw body)
+    │   ├── Redirected           a 3xx: names the status and `Location` (redirects are never followed)
     │   ├── AdmissionRejected    429 anywhere, SGLang queue full (503 or in-stream), vLLM's 503
     │   │                        engine-busy / prefill-backlog, pool all busy (docs/errors.md)
     │   ├── NotReady             503 while the model loads
@@ -22,7 +25,7 @@
     ├── PromptError              a bench prompt file that is not prompts                    (also a ValueError)
     ├── Unparsable               a capacity endpoint answered with something unreadable     (also a ValueError)
     │   └── BadNumber            ... or with a figure no server can mean (NaN, ±Inf, negative, huge)
-    ├── LocalServerError         a local llama.cpp binary is missing or failed to start     (also a RuntimeError)
+    ├── LocalServerError         a local llama.cpp binary is missing, failed to start, or died (also a RuntimeError)
     └── InternalError            an exception nobody typed (a bug): its type and message kept
 
 The second bases keep `except ValueError` callers working. Admission answers are never retried
@@ -97,6 +100,9 @@ class KotobaError(Exception):
     """Base of every kotoba-vllm error."""
 
     kind = "error"
+    # a request's own id and the one the server answered with (`x-request-id`), when known
+    request_id: str | int | None = None
+    server_request_id: str | None = None
 
     def __init__(self, message: str, *, endpoint: str | None = None) -> None:
         message = redact(message) or ""
@@ -114,6 +120,10 @@ class KotobaError(Exception):
         for k, v in self._fields().items():
             if v is not None:
                 out[kw(k)] = _redact_edn(v)
+        if self.request_id is not None:
+            out[kw("vllm/request-id")] = self.request_id
+        if self.server_request_id is not None:
+            out[kw("vllm/server-request-id")] = self.server_request_id
         return out
 
     def __repr__(self) -> str:
@@ -145,7 +155,15 @@ class ValidationError(KotobaError):
 
 
 class TransportError(KotobaError):
+    """`connection_lost`: the connection failed under the request (reset, EOF, broken pipe, bytes that
+    are not HTTP), the one failure the resend rule (`_resend`) may act on; never set for a timeout,
+    a refusal or a limit."""
+
     kind = "transport"
+
+    def __init__(self, message: str, *, endpoint: str | None = None, connection_lost: bool = False) -> None:
+        super().__init__(message, endpoint=endpoint)
+        self.connection_lost = connection_lost
 
 
 class Unreachable(TransportError):
@@ -163,6 +181,22 @@ class RequestTimeout(TransportError):
     def _fields(self) -> dict[str, Edn]:
         return {"vllm/timeout-phase": kw(self.phase), "vllm/timeout-s": self.limit_s,
                 "vllm/partial-text": self.partial_text}
+
+
+class ResponseTooLarge(TransportError):
+    """The answer passed a size limit: `what` is `received` (bytes off the socket), `decoded` (after
+    gzip/deflate) or `sse-line` (one event-stream line); the connection was closed, never reused."""
+
+    kind = "too-large"
+
+    def __init__(self, message: str, *, limit_bytes: int, read_bytes: int, what: str,
+                 endpoint: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint)
+        self.limit_bytes, self.read_bytes, self.what = limit_bytes, read_bytes, what
+
+    def _fields(self) -> dict[str, Edn]:
+        return {"vllm/limit-bytes": self.limit_bytes, "vllm/read-bytes": self.read_bytes,
+                "vllm/limit": kw(self.what)}
 
 
 class StreamBroken(TransportError):
@@ -214,6 +248,23 @@ class AdmissionRejected(ServerError):
                                "vllm/retry-after-s": self.retry_after_s, "vllm/sent?": self.sent}
         out.update(super()._fields())
         out["vllm/capacity"] = self.capacity
+        return out
+
+
+class Redirected(ServerError):
+    """A 3xx answer. Redirects are never followed (the key must not cross origins behind the caller's
+    back), and a redirect's body is never taken as the answer."""
+
+    kind = "redirect"
+
+    def __init__(self, message: str, *, status: int, location: str | None, endpoint: str | None = None,
+                 raw_body: bytes | str | None = None) -> None:
+        super().__init__(message, status=status, endpoint=endpoint, raw_body=raw_body)
+        self.location = location
+
+    def _fields(self) -> dict[str, Edn]:
+        out = super()._fields()
+        out["vllm/location"] = self.location
         return out
 
 
@@ -306,9 +357,28 @@ class BadNumber(Unparsable):
 
 
 class LocalServerError(KotobaError, RuntimeError):
-    """A local llama.cpp binary is missing, or a server failed to start."""
+    """A local llama.cpp binary is missing, a server failed to start, or a server this process started
+    died: then `signal` names what killed it (e.g. "SIGILL") or `exit_status` says how it exited, and
+    `log_tail` holds the last lines it wrote."""
 
     kind = "local-server"
+
+    def __init__(self, message: str, *, endpoint: str | None = None, signal: str | None = None,
+                 exit_status: int | None = None, log_tail: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint)
+        self.signal = signal
+        self.exit_status = exit_status
+        self.log_tail = log_tail
+
+    def _fields(self) -> dict[str, Edn]:
+        out: dict[str, Edn] = {}
+        if self.signal is not None:
+            out["local/signal"] = self.signal
+        if self.exit_status is not None:
+            out["local/exit-status"] = self.exit_status
+        if self.log_tail is not None:
+            out["local/log-tail"] = self.log_tail
+        return out
 
 
 class InternalError(KotobaError):
@@ -338,7 +408,7 @@ class InternalError(KotobaError):
         return {"vllm/exception-type": self.exception_type}
 
 
-ALL_ERRORS = (KotobaError, ValidationError, TransportError, Unreachable, RequestTimeout, StreamBroken,
-              ServerError, AdmissionRejected, NotReady, BadRequest, ServerFailure, ProtocolError,
+ALL_ERRORS = (KotobaError, ValidationError, TransportError, Unreachable, RequestTimeout, ResponseTooLarge,
+              StreamBroken, ServerError, AdmissionRejected, Redirected, NotReady, BadRequest, ServerFailure, ProtocolError,
               EdnError, EdnWriteError, StructureError, ConfigError, CassetteError, PromptError, Unparsable,
               BadNumber, LocalServerError, InternalError)

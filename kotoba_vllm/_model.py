@@ -13,15 +13,21 @@ import attrs
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
 from ._edn import Edn, Keyword, plain_edn
+from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
+PART_TYPES = ("text", "image-url", "audio-url", "video-url", "input-audio", "input-video", "image-embeds")
 ENDPOINTS = ("chat", "completion", "generate", "embedding", "tokenize", "detokenize",
              # pooling-model endpoints, then server control (see _endpoint_calls.py and dialects/_endpoints.py)
              "rerank", "score", "classify", "pooling",
              "lora-list", "lora-load", "lora-unload", "lora-scale", "cache-reset", "slot")
 BACKENDS = ("vllm", "sglang", "llamacpp", "openai")
-PROVENANCES = ("server-reported", "client-measured", "unavailable")
-ENGINE_NAMESPACES = ("llamacpp", "sglang")
+# server-reported: every number is the server's own, as it sent it; computed: worked out here from the
+# server's numbers named in `computed_from`; client-measured: this client's clock; unavailable: nil numbers.
+PROVENANCES = ("server-reported", "computed", "client-measured", "unavailable")
+# Where a request's engine fields live (`_fields.FIELDS`): the shared `:vllm/*` ones the table names,
+# vLLM-only `:vllm.engine/*`, and the engines' own namespaces.
+ENGINE_NAMESPACES = ("vllm", "vllm.engine", "llamacpp", "sglang")
 REQUIRED = attrs.NOTHING  # a key the EDN map must carry (and the constructor must get)
 
 
@@ -38,12 +44,17 @@ class ToolCall:
 @register
 @attrs.frozen
 class ContentPart:
-    """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}` or `{:vllm/type :image-url :vllm/url ".."}`."""
+    """One part of multi-part content: `{:vllm/type :text :vllm/text ".."}`, `{:vllm/type :image-url :vllm/url ".."}`,
+    `{:vllm/type :input-audio :vllm/data "<base64>" :vllm/format :wav}`, `{:vllm/type :input-video :vllm/url ..}`
+    (llama.cpp), `{:vllm/type :image-embeds :vllm/data "<base64 tensor>"}` (vLLM). Which types an engine takes:
+    each dialect's `part_types`."""
 
-    type: str = edn_field("vllm/type", KW("text", "image-url", "audio-url", "video-url"), default=REQUIRED)
+    type: str = edn_field("vllm/type", KW(*PART_TYPES), default=REQUIRED)
     text: str | None = edn_field("vllm/text", STR)
     url: str | None = edn_field("vllm/url", STR)
     detail: str | None = edn_field("vllm/detail", STR)
+    data: str | None = edn_field("vllm/data", STR)
+    format: str | None = edn_field("vllm/format", WORD)
 
 
 @register
@@ -93,8 +104,9 @@ class ChatRequest:
     tools: Edn = edn_field("vllm/tools", JSON)
     tool_choice: Edn = edn_field("vllm/tool-choice", JSON)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "chat"
 
 
@@ -108,8 +120,9 @@ class CompletionRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "completion"
 
 
@@ -123,8 +136,9 @@ class GenerateRequest:
     sampling: Sampling | None = edn_field("vllm/sampling", NESTED(Sampling))
     stream: bool | None = edn_field("vllm/stream", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     endpoint = "generate"
 
 
@@ -137,8 +151,9 @@ class EmbeddingRequest:
     # :base64 answers are decoded to floats here: the typed answer is the same either way
     encoding_format: str | None = edn_field("vllm/encoding-format", KW("float", "base64"))
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "embedding"
@@ -151,8 +166,9 @@ class TokenizeRequest:
     model: str | None = edn_field("vllm/model", STR)
     add_special: bool | None = edn_field("vllm/add-special", BOOL)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "tokenize"
@@ -164,8 +180,9 @@ class DetokenizeRequest:
     tokens: tuple[int, ...] = edn_field("vllm/tokens", MANY(INT), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
-    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
+    extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES, SHARED_KEYS)
     stream = None
     sampling = None
     endpoint = "detokenize"
@@ -197,6 +214,7 @@ class RerankRequest(_NotStreamed):
     top_n: int | None = edn_field("vllm/top-n", INT)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "rerank"
@@ -211,6 +229,7 @@ class ScoreRequest(_NotStreamed):
     text_2: str | tuple[str, ...] = edn_field("vllm/text-2", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "score"
@@ -224,6 +243,7 @@ class ClassifyRequest(_NotStreamed):
     input: str | tuple[str, ...] = edn_field("vllm/input", ONE_OF(STR, MANY(STR)), default=REQUIRED)
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "classify"
@@ -241,6 +261,7 @@ class PoolingRequest(_NotStreamed):
     task: str | None = edn_field("vllm/task", KW(*POOLING_TASKS))
     model: str | None = edn_field("vllm/model", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "pooling"
@@ -255,6 +276,7 @@ class LoraListRequest(_ControlCall):
     """The LoRA adapters the server holds (vLLM and SGLang: `/v1/models` entries with a parent; llama.cpp `GET /lora-adapters`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-list"
@@ -268,6 +290,7 @@ class LoraLoadRequest(_ControlCall):
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
     lora_path: str = edn_field("vllm/lora-path", STR, default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-load"
@@ -278,6 +301,7 @@ class LoraLoadRequest(_ControlCall):
 class LoraUnloadRequest(_ControlCall):
     lora_name: str = edn_field("vllm/lora-name", STR, default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-unload"
@@ -297,6 +321,7 @@ class LoraScaleRequest(_ControlCall):
 
     adapters: tuple[LoraScale, ...] = edn_field("vllm/adapters", MANY(NESTED(LoraScale)), default=REQUIRED)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "lora-scale"
@@ -308,6 +333,7 @@ class CacheResetRequest(_ControlCall):
     """Drop the whole prefix cache (vLLM `/reset_prefix_cache`, SGLang `/flush_cache`)."""
 
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "cache-reset"
@@ -326,6 +352,7 @@ class SlotRequest(_ControlCall):
     slot_id: int = edn_field("vllm/slot-id", INT, default=REQUIRED)
     filename: str | None = edn_field("vllm/filename", STR)
     base_url: str | None = edn_field("vllm/base-url", STR)
+    deadline_s: float | None = edn_field("vllm/deadline-s", NUM)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
     extras: dict[str, Edn] = extras_field(ENGINE_NAMESPACES)
     endpoint = "slot"
@@ -368,6 +395,8 @@ class Figure:
     ms: float | None = edn_field("vllm/ms", NUM)
     tokens_per_s: float | None = edn_field("vllm/tokens-per-s", NUM)
     gaps_ms: tuple[float, ...] | None = edn_field("vllm/gaps-ms", MANY(NUM))
+    # provenance :computed: the server's fields the numbers were worked out from (e.g. "usage.prompt_tokens")
+    computed_from: tuple[str, ...] | None = edn_field("vllm/computed-from", MANY(STR))
 
 
 UNAVAILABLE = Figure()
@@ -399,7 +428,7 @@ class Choice:
     logprobs: Edn = edn_field("vllm/logprobs", JSON)
 
 
-RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool")
+RESPONSE_EXTRA_NS = ("llamacpp", "sglang", "vllm-server", "openai", "capacity", "pool", "kotoba")
 
 
 @register
@@ -417,6 +446,8 @@ class Response:
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     timings: Timings | None = edn_field("vllm/timings", NESTED(Timings))
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
+    sends: int | None = edn_field("vllm/sends", INT)  # set when the request went out more than once
     created: int | None = edn_field("vllm/created", INT)
     system_fingerprint: str | None = edn_field("vllm/system-fingerprint", STR)
     extras: dict[str, Edn] = extras_field(RESPONSE_EXTRA_NS)

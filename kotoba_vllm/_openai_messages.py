@@ -34,11 +34,14 @@ def _part(p: Any) -> Any:
     t = p.get("type")
     if t == "text":
         return {kw("vllm/type"): kw("text"), kw("vllm/text"): p.get("text")}
+    if t == "image_embeds" and isinstance(p.get(t), str):
+        return {kw("vllm/type"): kw("image-embeds"), kw("vllm/data"): p[t]}
     if isinstance(t, str) and isinstance(p.get(t), dict):
         inner = p[t]
-        out = {kw("vllm/type"): kw(t.replace("_", "-")), kw("vllm/url"): inner.get("url")}
-        if inner.get("detail") is not None:
-            out[kw("vllm/detail")] = inner["detail"]
+        out = {kw("vllm/type"): kw(t.replace("_", "-"))}
+        for name in ("url", "detail", "data", "format"):
+            if inner.get(name) is not None:
+                out[kw(f"vllm/{name}")] = inner[name]
         return out
     return {kw("vllm/type"): kw(str(t))}
 

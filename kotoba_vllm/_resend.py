@@ -6,14 +6,16 @@ attempt went out on a **reused** keep-alive connection and that connection faile
 to it, so it never answered. Anything the transport cannot vouch for stays unknown, and
 unknown never resends: a transport that reports nothing makes exactly one request.
 
-How a transport reports (any transport; httpx's trace hook in `_base_client` is one):
+How a transport reports (every wire, and httpx's trace hook in `_base_client`, the same way):
 
     ev = AttemptEvidence()                   # one per attempt, before sending
-    ev.connection(reused=True | False)       # once a connection is picked
-    ev.awaiting_response()                   # the request is being written / waited on
-    ev.response_started()                    # the first response byte (or header) arrived
-    ...transport fails with a connection error...
+    ev.connection(reused=True | False)       # once a connection is picked (the first one counts)
+    ev.response(seen=False)                  # the request is out, or: a byte count that did not move
+    ev.response(seen=True)                   # a response byte (or header) arrived
+    ...the wire raises a TransportError with connection_lost=True...
     if may_resend(connection_failed=True, evidence=ev): send again on a fresh connection
+
+Readers read `ev.reused` and `ev.response_seen` (None: not reported).
 """
 
 from __future__ import annotations
@@ -36,29 +38,10 @@ class AttemptEvidence:
         if self.reused is None:  # the first connection of the attempt is the one that counts
             self.reused = reused
 
-    def awaiting_response(self) -> None:
-        if self.response_seen is None:
-            self.response_seen = False
-
-    def response_started(self) -> None:
-        self.response_seen = True
-
-    # The same facts under the names the wires (`_wire`, `_aiohttp_wire`) write: a transport's latest word wins.
-    @property
-    def new_connection(self) -> bool | None:
-        return None if self.reused is None else not self.reused
-
-    @new_connection.setter
-    def new_connection(self, new: bool) -> None:
-        self.reused = not new
-
-    @property
-    def got_response(self) -> bool | None:
-        return self.response_seen
-
-    @got_response.setter
-    def got_response(self, got: bool) -> None:
-        self.response_seen = got
+    def response(self, *, seen: bool) -> None:
+        """`seen=False` never takes back a `True`: a byte that arrived stays arrived."""
+        if seen or self.response_seen is None:
+            self.response_seen = seen
 
     @property
     def stale_connection(self) -> bool:

@@ -6,7 +6,7 @@ pool, h11); this wire keeps what `Client` needs and nothing else (docs/transport
 - One idle list per origin, behind a lock: threads sharing a `Client` each take their own
   connection, so connections never exceed the requests in flight; at most `keepalive` idle
   connections per origin are kept, each for `keepalive_s` seconds.
-- Failures are raised as the httpx exception types `transport_error` and `may_resend` read.
+- Failures are raised as kotoba's own transport errors, once, where they are seen (`_wire_core`).
 - Each attempt reports the resend rule's evidence positively: a connection taken from the idle
   list is *reused*; every byte read from a connection is counted, so "no response byte" is a
   count that did not move.
@@ -25,38 +25,55 @@ import socket
 import ssl
 import threading
 import time
-import zlib
 from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import httpx
 
-from ._errors import ConfigError
+from ._errors import ConfigError, TransportError
 from ._resend import AttemptEvidence
+from ._wire_core import (ACCEPT_ENCODING, DECODE_ERRORS, DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, not_read,
+                         timed_out, too_large, unreachable)
 
-ACCEPT_ENCODING = "gzip, deflate"
 _READ = 65536
 
 
 class _CountingReader(io.RawIOBase):
     """The socket's raw reader, counting every byte into its connection (the evidence)."""
 
-    def __init__(self, raw: Any, conn: "_Connection") -> None:
-        self._raw, self._conn = raw, conn
+    def __init__(self, raw: Any, conn: "_Connection", sock: socket.socket) -> None:
+        self._raw, self._conn, self._sock = raw, conn, sock  # the socket: http.client lets go of it at will_close
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int | None:
-        n: int | None = self._raw.readinto(b)
+        conn = self._conn
+        until = conn.until
+        if until is not None:  # a deadline: no read waits past it
+            left = until - time.monotonic()
+            if left <= 0:
+                raise _Expired()
+            read_s = conn.read_s
+            self._sock.settimeout(left if read_s is None or left < read_s else read_s)
+        try:
+            n: int | None = self._raw.readinto(b)
+        except TimeoutError:
+            if until is not None and time.monotonic() >= until:
+                raise _Expired() from None
+            raise
         if n:
-            self._conn.bytes_in += n
+            conn.bytes_in += n
         return n
 
     def close(self) -> None:
         if not self.closed:
             self._raw.close()  # the socket's own reader: releases its reference to the socket
         super().close()
+
+
+class _Expired(TimeoutError):
+    """The connection's deadline (`_Connection.until`) passed during a read."""
 
 
 class _Response(http.client.HTTPResponse):
@@ -75,7 +92,7 @@ class _Shim:
         self.sock, self.conn = sock, conn
 
     def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(_CountingReader(self.sock.makefile("rb", buffering=0), self.conn), _READ)
+        return io.BufferedReader(_CountingReader(self.sock.makefile("rb", buffering=0), self.conn, self.sock), _READ)
 
 
 class _Connection(http.client.HTTPConnection):
@@ -87,6 +104,11 @@ class _Connection(http.client.HTTPConnection):
         self.bytes_in = 0
         self.uses = 0
         self.idle_since = 0.0
+        # The request's deadline (monotonic; None: none) and what it is, for the error: ("total", s) or
+        # ("idle", s), which a stream moves on each data event; `read_s` the per-read timeout.
+        self.until: float | None = None
+        self.until_is: tuple[str, float | None] = ("total", None)
+        self.read_s: float | None = None
         self.auto_open = 0  # we connect explicitly: a dropped connection never reconnects silently
         # http.client builds each response by calling this (a class there; here bound to the connection)
         self.response_class = self._response  # type: ignore[assignment]
@@ -127,27 +149,23 @@ def _headers(msg: http.client.HTTPMessage) -> _Headers:
     return h
 
 
-def _as_httpx(e: BaseException, phase: str) -> httpx.HTTPError:
-    """The httpx exception type meaning the same failure; `phase` is connect, write or read."""
+def _wire_error(e: BaseException, phase: str, url: str, timeout: httpx.Timeout) -> TransportError:
+    """kotoba's transport error meaning the same failure; `phase` is connect, write or read."""
     msg = str(e) or type(e).__name__
     if isinstance(e, TimeoutError):  # socket.timeout is TimeoutError (an OSError): test it first
-        return {"connect": httpx.ConnectTimeout, "write": httpx.WriteTimeout}.get(phase, httpx.ReadTimeout)(msg)
+        return timed_out(phase, getattr(timeout, phase), url)
     if phase == "connect":
-        return httpx.ConnectError(msg)
+        return unreachable(url, msg)
     if isinstance(e, http.client.RemoteDisconnected):
-        return httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return lost(url, "Server disconnected without sending a response.")
     if isinstance(e, http.client.IncompleteRead):
-        return httpx.RemoteProtocolError(f"incomplete body: {msg}")
+        return lost(url, f"incomplete body: {msg}")
     if phase == "write" and isinstance(e, ValueError):  # a header value http.client refuses to write
-        return httpx.LocalProtocolError(msg)
-    if isinstance(e, (http.client.HTTPException, ValueError, zlib.error)):  # bytes that are not HTTP
-        return httpx.RemoteProtocolError(msg)
-    if phase == "write":
-        return httpx.WriteError(msg)
-    return httpx.ReadError(msg)
+        return failed(url, msg)
+    return lost(url, msg)  # reset, broken pipe, EOF, or bytes that are not HTTP
 
 
-WIRE_ERRORS = (OSError, http.client.HTTPException, ValueError, zlib.error)
+WIRE_ERRORS = (OSError, http.client.HTTPException, ValueError, *DECODE_ERRORS)
 
 
 class _Origin:
@@ -158,31 +176,34 @@ class _Origin:
     def __init__(self, url: str) -> None:
         u = urlsplit(url)
         if u.scheme not in ("http", "https"):
-            raise httpx.UnsupportedProtocol(f"Request URL has an unsupported protocol '{u.scheme}://': {url}")
+            raise bad_url(url, f"Request URL has an unsupported protocol '{u.scheme}://'")
         if not u.hostname:
-            raise httpx.UnsupportedProtocol(f"Request URL is missing a host: {url}")
+            raise bad_url(url, "Request URL is missing a host")
         self.tls = u.scheme == "https"
         self.host = u.hostname
         try:
             self.port = u.port or (443 if self.tls else 80)
         except ValueError as e:
-            raise httpx.UnsupportedProtocol(f"invalid URL {url}: {e}") from None
+            raise bad_url(url, e) from None
         self.key = (self.tls, self.host, self.port)
         self.target = (u.path or "/") + (f"?{u.query}" if u.query else "")
 
 
 class StdlibAnswer:
     """An http.client response under httpx.Response's names; a body read to its end returns the
-    connection to the pool, one closed early closes the connection."""
+    connection to the pool, one closed early (or past a limit) closes the connection."""
 
-    __slots__ = ("_r", "_conn", "_wire", "status_code", "_headers", "_content", "_decoder", "is_closed")
+    __slots__ = ("_r", "_conn", "_wire", "url", "status_code", "_headers", "_content", "_body", "_timeout",
+                 "is_closed")
 
-    def __init__(self, r: http.client.HTTPResponse, conn: _Connection, wire: "StdlibWire") -> None:
-        self._r, self._conn, self._wire = r, conn, wire
+    def __init__(self, r: http.client.HTTPResponse, conn: _Connection, wire: "StdlibWire", url: str,
+                 max_bytes: int, timeout: httpx.Timeout) -> None:
+        self._r, self._conn, self._wire, self.url = r, conn, wire, url
         self.status_code = r.status
         self._headers: _Headers | None = None
         self._content: bytes | None = None
-        self._decoder = _decoder(r.msg.get("content-encoding"))
+        self._body = Body(url, max_bytes, r.msg.get("content-encoding"))
+        self._timeout = timeout
         self.is_closed = False
 
     @property
@@ -195,43 +216,68 @@ class StdlibAnswer:
     @property
     def content(self) -> bytes:
         if self._content is None:
-            raise httpx.ResponseNotRead()
+            raise not_read(self.url)
         return self._content
 
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
 
+    def deadline(self, until: float | None, what: str, limit_s: float | None) -> None:
+        """Move the deadline reads are held to (a stream's idle limit after each data event)."""
+        self._conn.until, self._conn.until_is = until, (what, limit_s)
+
     def read(self) -> bytes:
         if self._content is None:
+            r, body = self._r, self._body
             try:
-                raw = self._r.read()  # to the end (length, chunked or close-delimited)
-                self._content = raw if self._decoder is None else self._decoder.decompress(raw) + self._decoder.flush()
+                length = r.length
+                if length is not None and length > body.limit:  # said up front: no byte need be read
+                    raise too_large(self.url, body.limit, length, "received")
+                parts = []
+                while data := r.read1(_READ):  # to the end (length, chunked or close-delimited)
+                    parts.append(body.feed(data))
+                if r.length:  # read1 ends quietly at EOF: a Content-Length not met is a broken answer
+                    raise http.client.IncompleteRead(b"", r.length)
+                parts.append(body.end())
+                self._content = parts[0] if len(parts) == 2 and not parts[1] else b"".join(parts)
+            except TransportError:
+                self.close()
+                raise
             except WIRE_ERRORS as e:
                 self.close()
-                raise _as_httpx(e, "read") from e
+                raise self._error(e) from e
             self._done()
         return self._content
 
     def iter_bytes(self) -> Iterator[bytes]:
         """Bytes as they arrive (`read1`: one socket read at most, chunked framing removed)."""
-        r, dec = self._r, self._decoder
+        r, body = self._r, self._body
         try:
             while True:
                 data = r.read1(_READ)
                 if not data:
                     break
-                if dec is not None:
-                    data = dec.decompress(data)
-                    if not data:
-                        continue
-                yield data
-            if dec is not None and (tail := dec.flush()):
+                data = body.feed(data)
+                if data:
+                    yield data
+            if r.length:
+                raise http.client.IncompleteRead(b"", r.length)
+            if tail := body.end():
                 yield tail
+        except TransportError:
+            self.close()
+            raise
         except WIRE_ERRORS as e:
             self.close()
-            raise _as_httpx(e, "read") from e
+            raise self._error(e) from e
         self._done()
+
+    def _error(self, e: BaseException) -> TransportError:
+        if isinstance(e, _Expired):
+            what, limit_s = self._conn.until_is
+            return timed_out(what, limit_s, self.url)
+        return _wire_error(e, "read", self.url, self._timeout)
 
     def _done(self) -> None:
         """The body was read to its end: the connection may carry the next request."""
@@ -248,41 +294,12 @@ class StdlibAnswer:
             self._wire._release(self._conn, reusable=False)
 
 
-def _decoder(encoding: str | None) -> Any:
-    if not encoding or encoding == "identity":
-        return None
-    enc = encoding.strip().lower()
-    if enc == "gzip":
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    if enc == "deflate":
-        return _Deflate()
-    return None  # an encoding we did not ask for: the bytes as sent (as aiohttp and httpx do for unknown ones)
-
-
-class _Deflate:
-    """'deflate' is zlib-wrapped by the spec, raw in some servers: try the first, fall back to the second."""
-
-    def __init__(self) -> None:
-        self._d: Any = None
-
-    def decompress(self, data: bytes) -> bytes:
-        if self._d is None:
-            self._d = zlib.decompressobj()
-            try:
-                return bytes(self._d.decompress(data))
-            except zlib.error:
-                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-        return bytes(self._d.decompress(data))
-
-    def flush(self) -> bytes:
-        return bytes(self._d.flush()) if self._d is not None else b""
-
-
 class StdlibWire:
     name = "stdlib"
 
     def __init__(self, *, headers: Mapping[str, str], verify: bool = True, keepalive: int = 64,
-                 keepalive_s: float | None = 5.0) -> None:
+                 keepalive_s: float | None = 5.0, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
         # The key goes per request, so one request can be sent without it (withhold_key).
         base = {k.lower(): v for k, v in headers.items()}
         auth = base.pop("authorization", None)
@@ -334,23 +351,31 @@ class StdlibWire:
                     return
         conn.close()
 
-    def _connect(self, o: _Origin, timeout: httpx.Timeout) -> _Connection:
-        conn = (_TlsConnection(o.key, o.host, o.port, timeout.connect, self._context()) if o.tls
-                else _Connection(o.key, o.host, o.port, timeout.connect))
+    def _connect(self, o: _Origin, url: str, timeout: httpx.Timeout, until: float | None,
+                 limit_s: float | None) -> _Connection:
+        connect_s = _within(timeout.connect, until)
+        conn = (_TlsConnection(o.key, o.host, o.port, connect_s, self._context()) if o.tls
+                else _Connection(o.key, o.host, o.port, connect_s))
         try:
             conn.connect()
         except WIRE_ERRORS as e:
             conn.close()
-            raise _as_httpx(e, "connect") from e
+            if until is not None and isinstance(e, TimeoutError) and time.monotonic() >= until:
+                raise timed_out("total", limit_s, url) from e
+            raise _wire_error(e, "connect", url, timeout) from e
         if conn.sock is not None:  # small requests go out at once, not after the peer's delayed ACK
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
     def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
              headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
-             attempt: AttemptEvidence | None = None, withhold_key: bool = False) -> StdlibAnswer:
+             attempt: AttemptEvidence | None = None, withhold_key: bool = False,
+             deadline_s: float | None = None, max_bytes: int | None = None) -> StdlibAnswer:
+        """`deadline_s`: the whole request, from now to its last byte; `max_bytes`: the body's size limit
+        (received and decoded; the wire's own by default)."""
         if self.is_closed:
             raise ConfigError("this client was closed; make a new one")
+        until = None if deadline_s is None else time.monotonic() + deadline_s
         o = self._origin(url)
         if json is not None:
             content = _json.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
@@ -361,26 +386,30 @@ class StdlibWire:
             h = {**h, **{k.lower(): v for k, v in headers.items()}}
         conn = self._checkout(o)
         if attempt is not None:
-            attempt.new_connection = conn is None
+            attempt.connection(reused=conn is not None)
         if conn is None:
-            conn = self._connect(o, timeout)
+            conn = self._connect(o, url, timeout, until, deadline_s)
         conn.uses += 1
+        conn.read_s = timeout.read
         start = conn.bytes_in
         sock = conn.sock
         assert sock is not None
         phase = "write"
         try:
-            sock.settimeout(timeout.write)
+            sock.settimeout(_within(timeout.write, until))
             conn.request(method, o.target, body=content, headers=h)
             phase = "read"
-            sock.settimeout(timeout.read)
+            conn.until, conn.until_is = until, ("total", deadline_s)
+            sock.settimeout(_within(timeout.read, until))
             r = conn.getresponse()
         except WIRE_ERRORS as e:
             conn.close()
             if attempt is not None:
-                attempt.got_response = conn.bytes_in > start
-            raise _as_httpx(e, phase) from e
-        answer = StdlibAnswer(r, conn, self)
+                attempt.response(seen=conn.bytes_in > start)
+            if until is not None and isinstance(e, TimeoutError) and time.monotonic() >= until:
+                raise timed_out("total", deadline_s, url) from e
+            raise _wire_error(e, phase, url, timeout) from e
+        answer = StdlibAnswer(r, conn, self, url, self.max_bytes if max_bytes is None else max_bytes, timeout)
         if not stream:
             answer.read()
         return answer
@@ -399,6 +428,14 @@ class StdlibWire:
             self.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+def _within(limit_s: float | None, until: float | None) -> float | None:
+    """A phase's timeout, cut to what is left of the deadline."""
+    if until is None:
+        return limit_s
+    left = max(until - time.monotonic(), 0.001)
+    return left if limit_s is None or left < limit_s else limit_s
 
 
 def _readable(sock: socket.socket) -> bool:

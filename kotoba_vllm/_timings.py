@@ -1,6 +1,11 @@
 """DESIGN §5 as pure functions: server-reported figures first, client-measured where the
 server is silent, `:unavailable` (nil numbers) where neither knows. Never
-`completion_tokens / wall_clock` as a decode rate: prefill sits inside the wall clock."""
+`completion_tokens / wall_clock` as a decode rate: prefill sits inside the wall clock.
+
+A `:server-reported` figure holds the server's own numbers exactly as it sent them (seconds become
+milliseconds, nothing else): a rate the server reports is taken, never re-derived from its counts
+(llama.cpp divides by n - 1 decode steps, and versions differ in how they count). A number worked
+out here from the server's numbers makes its figure `:computed`, naming those inputs."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import attrs
 from ._memo import BoundedMemo
 from ._model import UNAVAILABLE, Figure, Timings, Usage
 
-SERVER, CLIENT = "server-reported", "client-measured"
+SERVER, COMPUTED, CLIENT = "server-reported", "computed", "client-measured"
 
 
 @attrs.frozen
@@ -24,8 +29,13 @@ class ServerTimings:
     predicted_n: int | None = None
     predicted_ms: float | None = None
     cached_n: int | None = None
-    # A rate the engine computed itself, when it reports no duration (SGLang `decode_throughput`).
+    # The engine's own rates (llama.cpp `prompt_per_second` / `predicted_per_second`, SGLang `decode_throughput`).
+    prompt_per_s: float | None = None
     predicted_per_s: float | None = None
+    # The server fields `prompt_n` / `prompt_ms` were worked out from; None when they are the server's own numbers.
+    prompt_from: tuple[str, ...] | None = None
+    # The server fields a decode span follows from, when the engine reports a rate but no duration.
+    predicted_from: tuple[str, ...] | None = None
     # The prompt time is the span of the forward pass of the request's *batch* (SGLang): no
     # per-request rate may be computed from it.
     prompt_ms_is_batch: bool = False
@@ -78,6 +88,21 @@ def _fig(provenance: str, tokens: int | None = None, ms: float | None = None,
                   tokens_per_s=rate, gaps_ms=gaps)
 
 
+def _reported(tokens: int | None = None, ms: float | None = None, rate: float | None = None) -> Figure:
+    """The server's own numbers, unrounded."""
+    if tokens is None and ms is None and rate is None:
+        return UNAVAILABLE
+    return Figure(provenance=SERVER, tokens=tokens, ms=ms, tokens_per_s=rate)
+
+
+def _computed(inputs: tuple[str, ...], tokens: int | None = None, ms: float | None = None,
+              rate: float | None = None) -> Figure:
+    if tokens is None and ms is None and rate is None:
+        return UNAVAILABLE
+    return Figure(provenance=COMPUTED, tokens=tokens, ms=None if ms is None else round(ms, 3), tokens_per_s=rate,
+                  computed_from=inputs)
+
+
 # Past these a server figure is garbage, not a measurement (and a float could not hold it exactly).
 MAX_TOKENS = 2**53
 MAX_FIGURE = 1e15
@@ -104,12 +129,18 @@ def server_figure(v: Any) -> float | None:
 
 
 def llamacpp_server_timings(t: Any) -> ServerTimings | None:
-    """llama.cpp's `timings` object (`prompt_n`, `prompt_ms`, `predicted_n`, `predicted_ms`, `cache_n`)."""
+    """llama.cpp's `timings` object (`prompt_n`, `prompt_ms`, `prompt_per_second`, `predicted_n`,
+    `predicted_ms`, `predicted_per_second`, `cache_n`). Its rates are its own: `predicted_per_second` is
+    (predicted_n - 1) / predicted_ms, since the first token comes out of the prefill; 0.0 means
+    "not known" (llama.cpp's own comment), so it reads as no rate."""
     if not isinstance(t, dict):
         return None
     return ServerTimings(prompt_n=server_count(t.get("prompt_n")), prompt_ms=server_figure(t.get("prompt_ms")),
+                         prompt_per_s=server_figure(t.get("prompt_per_second")) or None,
                          predicted_n=server_count(t.get("predicted_n")),
-                         predicted_ms=server_figure(t.get("predicted_ms")), cached_n=server_count(t.get("cache_n")))
+                         predicted_ms=server_figure(t.get("predicted_ms")),
+                         predicted_per_s=server_figure(t.get("predicted_per_second")) or None,
+                         cached_n=server_count(t.get("cache_n")))
 
 
 def sglang_server_timings(meta: Any) -> ServerTimings | None:
@@ -127,14 +158,19 @@ def sglang_server_timings(meta: Any) -> ServerTimings | None:
         return v * 1000.0 if v is not None else None
 
     prompt, cached = server_count(meta.get("prompt_tokens")), server_count(meta.get("cached_tokens"))
-    computed = prompt - cached if prompt is not None and cached is not None and cached <= prompt else prompt
+    subtracted = prompt is not None and cached is not None and 0 < cached <= prompt
+    computed = prompt - cached if subtracted and prompt is not None and cached is not None else prompt
     entered = server_figure(meta.get("forward_entry_time"))
     prefilled = server_figure(meta.get("prefill_finished_time"))
     prefill_ms = (prefilled - entered) * 1000.0 if entered and prefilled and prefilled >= entered else None
+    inputs = (("meta_info.prompt_tokens", "meta_info.cached_tokens") if subtracted else ()) + (
+        ("meta_info.forward_entry_time", "meta_info.prefill_finished_time") if prefill_ms is not None else ())
     rate = server_figure(meta.get("decode_throughput"))
     return ServerTimings(prompt_n=computed, prompt_ms=prefill_ms, prompt_ms_is_batch=prefill_ms is not None,
+                         prompt_from=inputs or None,
                          predicted_n=server_count(meta.get("completion_tokens")), cached_n=cached,
                          predicted_per_s=rate if rate else None,
+                         predicted_from=("meta_info.completion_tokens", "meta_info.decode_throughput"),
                          queue_ms=ms("queue_time"), ttft_ms=ms("first_token_latency"), e2e_ms=ms("e2e_latency"))
 
 
@@ -153,28 +189,25 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
             and not clock.token_times:
         return _whole_answer_timings(usage, clock.done - clock.sent)
     s = server or _NO_SERVER
-    # Prefill tokens are the ones the server computed: usage's prompt count includes the cached
-    # prefix (llama.cpp's `prompt_n` already excludes it).
-    prompt_n = s.prompt_n
-    if prompt_n is None and usage is not None and usage.prompt_tokens is not None:
-        computed = usage.prompt_tokens - (usage.cached_tokens or 0)
-        prompt_n = computed if computed >= 0 else None  # more cached than prompted: the counts disagree
     completion_n = s.predicted_n if s.predicted_n is not None else (usage.completion_tokens if usage else None)
 
     if s.prompt_ms is not None:
-        prefill = _fig(SERVER, s.prompt_n, s.prompt_ms, None if s.prompt_ms_is_batch else _rate(s.prompt_n, s.prompt_ms))
-    elif prompt_n is not None:
-        prefill = _count(prompt_n)  # a token count without a time: no rate claimed
+        rate = None if s.prompt_ms_is_batch else s.prompt_per_s  # a batch's pass gives no per-request rate
+        prefill = (_computed(s.prompt_from, s.prompt_n, s.prompt_ms, rate) if s.prompt_from
+                   else _reported(s.prompt_n, s.prompt_ms, rate))
+    elif s.prompt_n is not None:  # a token count without a time: no rate claimed
+        prefill = _computed(s.prompt_from, s.prompt_n) if s.prompt_from else _count(s.prompt_n)
     else:
-        prefill = UNAVAILABLE
+        prefill = _usage_prefill(usage)
 
     if s.predicted_ms is not None:
-        decode = _fig(SERVER, s.predicted_n, s.predicted_ms, _rate(s.predicted_n, s.predicted_ms))
+        decode = _reported(s.predicted_n, s.predicted_ms, s.predicted_per_s)
     elif s.predicted_per_s is not None:
-        # The engine's rate covers the tokens after the first: its span follows from it.
+        # The engine's rate covers the tokens after the first: its span follows from it (worked out here).
         span = (completion_n - 1) * 1000.0 / s.predicted_per_s if completion_n is not None and completion_n > 1 else None
         span = span if span is not None and math.isfinite(span) else None  # a vanishing rate gives no span
-        decode = _fig(SERVER, completion_n, span, round(s.predicted_per_s, 3))
+        decode = (_reported(completion_n, None, s.predicted_per_s) if span is None
+                  else _computed(s.predicted_from or ("predicted_per_s",), completion_n, span, s.predicted_per_s))
     elif clock and clock.first_token is not None and clock.last_token is not None \
             and clock.last_token > clock.first_token:  # one chunk: no span was measured, not a zero one
         # Decode seen from the client: first to last token, over the tokens after the first
@@ -200,23 +233,36 @@ def build_timings(server: ServerTimings | None, usage: Usage | None, clock: Clie
         if clock.done is not None:
             e2e = _fig(CLIENT, ms=(clock.done - clock.sent) * 1000.0)
     if s.ttft_ms is not None:
-        ttft = _fig(SERVER, ms=s.ttft_ms)
+        ttft = _reported(ms=s.ttft_ms)
     if s.e2e_ms is not None:
-        e2e = _fig(SERVER, ms=s.e2e_ms)
-    queue = _fig(SERVER, ms=s.queue_ms) if s.queue_ms is not None else UNAVAILABLE
+        e2e = _reported(ms=s.e2e_ms)
+    queue = _reported(ms=s.queue_ms) if s.queue_ms is not None else UNAVAILABLE
     return Timings(prefill=prefill, decode=decode, cached=cached, ttft=ttft, inter_token=inter, end_to_end=e2e,
                    queue=queue)
+
+
+_USAGE_PREFILL = ("usage.prompt_tokens", "usage.prompt_tokens_details.cached_tokens")
+
+
+def _usage_prefill(usage: Usage | None) -> Figure:
+    """Prefill tokens are the ones the server computed: usage's prompt count includes the cached prefix,
+    so with a cache hit the count is worked out here (prompt - cached), and labelled so."""
+    if usage is None or usage.prompt_tokens is None:
+        return UNAVAILABLE
+    cached = usage.cached_tokens or 0
+    if not cached:
+        return _count(usage.prompt_tokens)
+    if cached > usage.prompt_tokens:  # more cached than prompted: the counts disagree
+        return UNAVAILABLE
+    return _computed(_USAGE_PREFILL, usage.prompt_tokens - cached)
 
 
 def _whole_answer_timings(usage: Usage | None, wall_s: float) -> Timings:
     """`build_timings` for the most common answer, read whole with no server figures (OpenAI-style, vLLM):
     token counts from usage, end-to-end from the client clock, the rest unavailable."""
-    prefill = decode = cached = UNAVAILABLE
+    decode = cached = UNAVAILABLE
+    prefill = _usage_prefill(usage)
     if usage is not None:
-        if usage.prompt_tokens is not None:
-            computed = usage.prompt_tokens - (usage.cached_tokens or 0)
-            if computed >= 0:  # more cached than prompted: the counts disagree
-                prefill = _count(computed)
         if usage.completion_tokens is not None:
             decode = _count(usage.completion_tokens)
         if usage.cached_tokens is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from ._fields import stream_problems, value_problems
 from ._memo import IdentityMemo
 from ._model import ChatRequest, Request, Sampling
 from ._problems import Problem
@@ -73,6 +74,9 @@ def request_problems(req: Request) -> list[Problem]:
             if m.content is None and not m.tool_calls:
                 out.append(Problem("error", "message/content", f"message {i}: needs :vllm/content",
                                    field="vllm/content"))
+    if req.extras:
+        out.extend(value_problems(req.extras, req.stream, sampling.max_tokens if sampling is not None else None))
+        out.extend(stream_problems(req.extras, req.stream))
     if req.stream and req.endpoint in ("embedding", "tokenize", "detokenize"):
         out.append(Problem("error", "request/stream", f"the {req.endpoint} endpoint does not stream",
                            field="vllm/stream"))

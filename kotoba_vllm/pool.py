@@ -28,6 +28,7 @@ optional `conversation=` id), so a pool can stand wherever a client does.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,10 +37,11 @@ from typing import Any, AsyncIterator, Generic, Iterator, Mapping, Sequence, Typ
 import attrs
 import httpx
 
-from ._base_client import (MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
+from ._base_client import (DeadlineArg, MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
                            server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire, default_sync_wire, default_wire
+from ._wire_core import DEFAULT_MAX_BYTES, PROBE_MAX_BYTES
 from ._codec import BOOL, KW, MANY, NUM, STR, keep_extra_text
 from ._edn import Edn, EdnMap, Keyword, kw, plain_edn, read_file
 from ._errors import AdmissionRejected, ConfigError
@@ -48,7 +50,7 @@ from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeRespons
                      Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from .capacity._affinity import Affinity
 from .capacity._answer import PoolCapacity
-from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_endpoints
+from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_deadline, probe_endpoints
 from .capacity._verdict import Admission, merge_pool_capacity
 from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
 
@@ -77,6 +79,9 @@ class PoolConfig:
     # seconds a probe round is read for before the next (0: a round before every request); None: the default
     capacity_interval_s: float | None = attrs.field(default=None,
                                                     metadata={"edn": "pool/capacity-interval-s", "codec": NUM})
+    # the distributed spec the members are meant to serve (relative to the pool file): `capacity` holds each
+    # member's reported configuration against its plan and says which drifted
+    plan: str | None = attrs.field(default=None, metadata={"edn": "pool/plan", "codec": STR})
 
 
 def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
@@ -108,8 +113,11 @@ def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
                                  or not interval >= 0 or interval == float("inf")):
         raise ConfigError(f"{where}: :pool/capacity-interval-s must be a number of seconds >= 0 (0 probes before "
                           f"every request), got {interval!r}")
+    plan = m.get(kw("pool/plan"))
+    if plan is not None and (not isinstance(plan, str) or not plan):
+        raise ConfigError(f"{where}: :pool/plan must be the path of a distributed spec (a string)")
     return PoolConfig(tuple(u for u in members if isinstance(u, str)), backend.name, None if t is None else float(t),
-                      model, tracked, None if interval is None else float(interval))
+                      model, tracked, None if interval is None else float(interval), plan)
 
 
 def load_pool_config(path: str) -> PoolConfig:
@@ -117,7 +125,10 @@ def load_pool_config(path: str) -> PoolConfig:
     forms = read_file(path)
     if len(forms) != 1:
         raise ConfigError(f"{path}: expected exactly one pool map, found {len(forms)} forms")
-    return pool_config_from_edn(forms[0].value, forms[0].where)
+    cfg = pool_config_from_edn(forms[0].value, forms[0].where)
+    if cfg.plan is not None and not os.path.isabs(cfg.plan) and path != "-":
+        cfg = attrs.evolve(cfg, plan=os.path.join(os.path.dirname(path), cfg.plan))
+    return cfg
 
 
 # ------------------------------------------------------------------ shared decisions
@@ -143,6 +154,9 @@ class _PoolCore(Generic[C]):
             PROBE_TIMEOUT if probe_timeout is None else httpx.Timeout(probe_timeout, connect=min(0.5, probe_timeout)))
         self.affinity = Affinity(affinity_entries)
         self.server_load_tracked = server_load_tracked
+        # how long past the interval the previous round may still be read while the next one runs: one
+        # round's deadline (every probe ends by it), so a slow member never holds a decision
+        self._round_limit_s = probe_deadline(self.probe_timeout) + 0.25
         self._detected: dict[str, str] = {}
         self.last_capacity: PoolCapacity | None = None
         self.view = CapacityView(self.members, capacity_interval_s)
@@ -275,16 +289,21 @@ class Pool(_PoolCore[Client]):
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
                  affinity_entries: int = 4096, capacity_interval_s: float = DEFAULT_INTERVAL_S,
-                 server_load_tracked: bool = False, http_client: httpx.Client | None = None) -> None:
+                 server_load_tracked: bool = False, http_client: httpx.Client | None = None,
+                 deadline: float | None = None, stream_idle_s: float | None = None,
+                 max_response_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
                          capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
         self._refresh = threading.Lock()
+        self._round_lock = threading.Lock()
+        self._round: threading.Thread | None = None  # the background probe round, if one runs
         self.model = model
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
         self.clients = {
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
-                      http_client=http_client)
+                      http_client=http_client, deadline=deadline, stream_idle_s=stream_idle_s,
+                      max_response_bytes=max_response_bytes)
             for u in self.members}
         # Probes go the way the members' requests go: over one http.client wire for every member, or
         # over the caller's httpx client (its proxies, its mocks). The wire is shared by the probe threads.
@@ -292,7 +311,8 @@ class Pool(_PoolCore[Client]):
         self._probe_wire: SyncWire = (
             HttpxSyncWire(http_client, probe_headers) if http_client is not None
             else default_sync_wire(probe_headers, True, httpx.Limits(max_keepalive_connections=None,
-                                                                     keepalive_expiry=PROBE_KEEPALIVE_S)))
+                                                                     keepalive_expiry=PROBE_KEEPALIVE_S),
+                                   PROBE_MAX_BYTES))
         self._executor = ThreadPoolExecutor(max_workers=min(32, 4 * len(self.members)),
                                             thread_name_prefix="kotoba-capacity")
 
@@ -330,16 +350,34 @@ class Pool(_PoolCore[Client]):
         return cap
 
     def _current(self) -> PoolCapacity:
-        """The shared view, refreshed by one round when it is older than the interval."""
+        """The shared view, refreshed by one round when it is older than the interval. While that round
+        runs (in the background), decisions read the previous one as long as it started at most the
+        interval plus one round's deadline ago; with no round yet, or past that, they wait for one."""
         view = self.view
         if view.interval_s <= 0:
             return self.capacity()
-        if not view.fresh(time.monotonic()):
+        now = time.monotonic()
+        if not view.fresh(now):
+            if view.snapshot is not None and now - view.started <= view.interval_s + self._round_limit_s:
+                self._start_round()
+                return view.snapshot
             with self._refresh:
                 if not view.fresh(time.monotonic()):
                     self.capacity()
         assert view.snapshot is not None
         return view.snapshot
+
+    def _start_round(self) -> None:
+        with self._round_lock:
+            if self._round is None or not self._round.is_alive():
+                self._round = threading.Thread(target=self._background_round, name="kotoba-capacity-round",
+                                               daemon=True)
+                self._round.start()
+
+    def _background_round(self) -> None:
+        with self._refresh:  # one round at a time: a waiting decision may have started one already
+            if not self.view.fresh(time.monotonic()):
+                self.capacity()
 
     def _admit(self, request: R, conversation: str | None) -> tuple[R, Admission, PoolCapacity, Client]:
         req = self._for_pool(request)
@@ -348,27 +386,27 @@ class Pool(_PoolCore[Client]):
         return req, adm, cap, client
 
     @overload
-    def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+    def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              conversation: str | None = None, checked: bool = False) -> Response: ...
     @overload
-    def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+    def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              conversation: str | None = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
-    def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+    def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              conversation: str | None = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
-    def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+    def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              conversation: str | None = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              conversation: str | None = None, checked: bool = False) -> AnyResponse: ...
 
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
              conversation: str | None = None, checked: bool = False) -> AnyResponse:
         """Same as `Client.send`, through the pool."""
         req, adm, cap, client = self._admit(to_request(request), conversation)
         try:
-            resp = client.send(req, timeout=timeout, checked=checked)
+            resp = client.send(req, timeout=timeout, deadline=deadline, checked=checked)
         except AdmissionRejected as e:
             raise _attach(e, cap)
         finally:
@@ -376,26 +414,26 @@ class Pool(_PoolCore[Client]):
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
-    def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
+    def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                conversation: str | None = None) -> PoolStream:
         """Same as `Client.stream`, through the pool."""
         req, adm, cap, client = self._admit(streaming(request), conversation)
         try:
-            inner = client.stream(req, timeout=timeout)
+            inner = client.stream(req, timeout=timeout, deadline=deadline)
         except BaseException as e:
             self._done(adm.member or "")
             raise _attach(e, cap) if isinstance(e, AdmissionRejected) else e
         return PoolStream(self, inner, req, adm, cap, conversation)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
-             timeout: TimeoutArg = None, **sampling: Any) -> Response:
+             timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: Any) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
-        return self.send(req, timeout=timeout, conversation=conversation)
+        return self.send(req, timeout=timeout, deadline=deadline, conversation=conversation)
 
     def stream_chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
-                    timeout: TimeoutArg = None, **sampling: Any) -> PoolStream:
+                    timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: Any) -> PoolStream:
         req = chat_request(messages, model if model is not None else self.model, None, True, sampling, None)
-        return self.stream(req, timeout=timeout, conversation=conversation)
+        return self.stream(req, timeout=timeout, deadline=deadline, conversation=conversation)
 
 
 # ------------------------------------------------------------------ async
@@ -457,18 +495,20 @@ class AsyncPool(_PoolCore[AsyncClient]):
                  timeout: float | httpx.Timeout | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, probe_timeout: float | httpx.Timeout | None = None,
                  affinity_entries: int = 4096, capacity_interval_s: float = DEFAULT_INTERVAL_S,
-                 server_load_tracked: bool = False, http_client: httpx.AsyncClient | None = None) -> None:
+                 server_load_tracked: bool = False, http_client: httpx.AsyncClient | None = None,
+                 deadline: float | None = None, stream_idle_s: float | None = None,
+                 max_response_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__(base_urls, backend=backend, probe_timeout=probe_timeout, affinity_entries=affinity_entries,
                          capacity_interval_s=capacity_interval_s, server_load_tracked=server_load_tracked)
         self.model = model
         self._round: asyncio.Future[PoolCapacity] | None = None  # the probe round under way, if any
         # how long past the interval the previous round may still be read while the next one runs
-        self._round_limit_s = self.probe_timeout.read or PROBE_TIMEOUT.read or 1.5
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
         self.clients = {
             u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
-                           http_client=http_client)
+                           http_client=http_client, deadline=deadline, stream_idle_s=stream_idle_s,
+                           max_response_bytes=max_response_bytes)
             for u in self.members}
         # Probes go the way the members' requests go: over one aiohttp wire for every member (made
         # on first use), or over the caller's httpx client (its proxies, its mocks).
@@ -476,7 +516,7 @@ class AsyncPool(_PoolCore[AsyncClient]):
         self._probe_wire: AsyncWire = (
             HttpxWire(http_client, probe_headers) if http_client is not None
             else default_wire(probe_headers, self.probe_timeout, True,
-                              httpx.Limits(max_connections=None, keepalive_expiry=PROBE_KEEPALIVE_S)))
+                              httpx.Limits(max_connections=None, keepalive_expiry=PROBE_KEEPALIVE_S), PROBE_MAX_BYTES))
 
     @classmethod
     def from_config(cls, config: PoolConfig, **kwargs: Any) -> "AsyncPool":
@@ -555,26 +595,26 @@ class AsyncPool(_PoolCore[AsyncClient]):
         return req, adm, cap, client
 
     @overload
-    async def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
+    async def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                    conversation: str | None = None, checked: bool = False) -> Response: ...
     @overload
-    async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
+    async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                    conversation: str | None = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
-    async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
+    async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                    conversation: str | None = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
-    async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
+    async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                    conversation: str | None = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
-    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                    conversation: str | None = None, checked: bool = False) -> AnyResponse: ...
 
-    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
+    async def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                    conversation: str | None = None, checked: bool = False) -> AnyResponse:
         req, adm, cap, client = await self._admit(to_request(request), conversation)
         try:
-            resp = await client.send(req, timeout=timeout, checked=checked)
+            resp = await client.send(req, timeout=timeout, deadline=deadline, checked=checked)
         except AdmissionRejected as e:
             raise _attach(e, cap)
         finally:
@@ -582,20 +622,20 @@ class AsyncPool(_PoolCore[AsyncClient]):
         self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
-    async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
+    async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
                      conversation: str | None = None) -> AsyncPoolStream:
         req, adm, cap, client = await self._admit(streaming(request), conversation)
         try:
-            inner = await client.stream(req, timeout=timeout)
+            inner = await client.stream(req, timeout=timeout, deadline=deadline)
         except BaseException as e:
             self._done(adm.member or "")
             raise _attach(e, cap) if isinstance(e, AdmissionRejected) else e
         return AsyncPoolStream(self, inner, req, adm, cap, conversation)
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
-                   timeout: TimeoutArg = None, **sampling: Any) -> Response:
+                   timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: Any) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
-        return await self.send(req, timeout=timeout, conversation=conversation)
+        return await self.send(req, timeout=timeout, deadline=deadline, conversation=conversation)
 
 
 __all__ = ["AsyncPool", "AsyncPoolStream", "Pool", "PoolConfig", "PoolStream", "load_pool_config",

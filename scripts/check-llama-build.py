@@ -1,7 +1,13 @@
-"""Exit 1 when the installed llama-server's ggml CPU library contains AMX instructions.
+"""Exit 1 when the installed llama-server's ggml CPU library contains AMX instructions, or when the
+CPU backend comes as several runtime-chosen variants.
 
-These machines advertise AMX in CPUID but trap on it (SIGILL on the first quantized matmul), and
-ggml's runtime dispatch trusts CPUID, so the only safe build is one with no AMX code at all.
+These machines advertise AMX in CPUID but trap on it (SIGILL on the first quantized matmul). ggml's
+own checks (`ggml_cpu_has_amx_int8()` and friends) read compile-time macros, and with one CPU backend
+built in (GGML_BACKEND_DL off) nothing is chosen at run time: a library with no AMX instruction in it
+can never execute one. With GGML_BACKEND_DL and GGML_CPU_ALL_VARIANTS, ggml would load one of several
+`libggml-cpu-<variant>.so` by scoring CPUID, which advertises AMX here: that layout is refused.
+
+    python scripts/check-llama-build.py [--quiet] [--library PATH ...]
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 
 AMX = re.compile(r"\b(tilezero|tileloadd|tileloaddt1|tilestored|tilerelease|ldtilecfg|sttilecfg|"
                  r"tdpbssd|tdpbsud|tdpbusd|tdpbuud|tdpbf16ps|tdpfp16ps)\b")
+VARIANT = re.compile(r"^libggml-cpu-[\w-]+\.so")  # one library per CPU variant: chosen at run time
 
 
 def ggml_libraries() -> list[Path]:
@@ -29,10 +36,18 @@ def amx_count(path: Path) -> int:
     return len(AMX.findall(out))
 
 
-def main() -> int:
-    quiet = "--quiet" in sys.argv
+def main(argv: list[str]) -> int:
+    quiet = "--quiet" in argv
+    if "--library" in argv:
+        libs = [Path(a) for a in argv[argv.index("--library") + 1:] if not a.startswith("--")]
+    else:
+        libs = ggml_libraries()
     bad = 0
-    for lib in ggml_libraries():
+    variants = sorted({lib.name for lib in libs if VARIANT.match(lib.name)})
+    if variants:
+        print(f"CPU backend variants chosen at run time by CPUID (GGML_BACKEND_DL): {', '.join(variants)}")
+        bad += len(variants)
+    for lib in libs:
         n = amx_count(lib)
         if not quiet:
             print(f"{lib}: {n} AMX instructions")
@@ -41,4 +56,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

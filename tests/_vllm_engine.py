@@ -14,11 +14,13 @@ How a test uses it (fixtures in tests/conftest.py, each started once per session
         with Client(vllm_url, backend="vllm") as c:
             c.chat([Message(role="user", content="hi")], max_tokens=4)
 
-    def test_y(vllm_admission: VllmEngine) -> None:   # --max-num-seqs 1 --max-num-queued-reqs 1
+    def test_y(vllm_admission: VllmEngine) -> None:   # --max-num-seqs 1 --max-num-queued-reqs 2
         ...vllm_admission.base_url, vllm_admission.metrics() ...
 
-`VllmEngine.model` is the served model name ("tiny"). `engine.metrics()` returns vLLM's own
-/metrics samples as {"name{labels}": value}; `engine.metric("vllm:prefix_cache_hits_total")` sums
+`Holder(engine)` keeps one real streamed request generating (ignore_eos, thousands of tokens) until
+`.close()`, which drops its connection so vLLM aborts it; `engine.wait_queue(running, waiting)`
+waits for vLLM's own gauges to show them. `VllmEngine.model` is the served model name ("tiny").
+`engine.metrics()` returns vLLM's own /metrics samples as {"name{labels}": value}; `engine.metric("vllm:prefix_cache_hits_total")` sums
 one family over its label sets. Engine configurations live in CONFIGS: at most three start in the
 default run (CI pays ~30-130 s for each); add a row there rather than starting your own engine.
 
@@ -32,6 +34,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +44,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kotoba_vllm.cassettes._endpoint_sets import VLLM_POOLING_ENV, VLLM_POOLING_FLAGS
 from kotoba_vllm.local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +63,20 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     # Compact JSON: random weights otherwise fill a JSON-schema answer with the whitespace the grammar allows.
     "default": ("--max-num-seqs", "4",
                 "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'),
-    "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "1"),
+    # One runs, one waits, the next gets vLLM's 503. vLLM counts running AND waiting against
+    # --max-num-queued-reqs, so with 1 a single running request already fills it while the gauges
+    # show nothing waiting. --max-model-len 8192: room for ~8,000-token holds (Holder), a real
+    # request occupying the slot for a minute or more.
+    "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "2", "--max-model-len", "8192"),
+    # The tiny llama as a one-label sequence classifier: vLLM's own /rerank, /score, /classify, /pooling;
+    # runtime LoRA loading and /reset_prefix_cache (CONFIG_ENV). Flags: kotoba_vllm/cassettes/_endpoint_sets.py.
+    "pooling": VLLM_POOLING_FLAGS,
 }
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+# name -> extra environment for that configuration only
+CONFIG_ENV: dict[str, dict[str, str]] = {"pooling": VLLM_POOLING_ENV}
+# One OpenMP thread: with two (nobind's default, one per core) a loaded 2-core machine spins them,
+# measured here side by side under load ~12: 6 tokens/s with two threads, 158-397 with one.
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "INFO"}
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
@@ -112,7 +127,7 @@ class VllmEngine:
         self._t0 = time.monotonic()
         # Its own session: vLLM forks an engine-core process, and stop() must end both.
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **ENGINE_ENV}, start_new_session=True, cwd=model_dir.parent)
+                                     env={**os.environ, **ENGINE_ENV, **CONFIG_ENV.get(name, {})}, start_new_session=True, cwd=model_dir.parent)
 
     @property
     def server_flags(self) -> str:
@@ -166,6 +181,17 @@ class VllmEngine:
     def metric(self, family: str) -> float:
         """One sample family summed over its label sets (0.0 when absent)."""
         return sum(v for k, v in self.metrics().items() if k == family or k.startswith(family + "{"))
+
+    def queue(self) -> tuple[int, int]:
+        """(running, waiting) from vLLM's own gauges."""
+        return int(self.metric("vllm:num_requests_running")), int(self.metric("vllm:num_requests_waiting"))
+
+    def wait_queue(self, running: int, waiting: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (now := self.queue()) != (running, waiting):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"vLLM's queue never read running={running} waiting={waiting} (now {now})")
+            time.sleep(0.1)
 
     def stop(self, grace: float = 20.0) -> None:
         if self.proc.poll() is None:
@@ -221,3 +247,18 @@ class EngineSet:
             self._engines.clear()
         for engine in engines:
             engine.stop()
+
+
+class Holder:
+    """One real streamed completion generating `max_tokens` tokens (ignore_eos) until closed. A plain
+    socket, never read: closing it is immediate, and vLLM then aborts the request."""
+
+    def __init__(self, engine: VllmEngine, max_tokens: int = 8000, prompt: str = "hold") -> None:
+        body = json.dumps({"model": engine.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                           "temperature": 1.0, "stream": True}).encode()
+        self.sock = socket.create_connection(("127.0.0.1", engine.port))
+        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                          b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    def close(self) -> None:
+        self.sock.close()

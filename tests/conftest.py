@@ -45,6 +45,20 @@ def llama_url(llama_server: object) -> str:
 
 
 @pytest.fixture(scope="session")
+def gemma_server() -> Iterator[object]:
+    """Gemma 3 270M (Q4_K_M, the base model; the gemma extra) on a real llama-server, one for the
+    session: real text, its own chat template (--jinja), 2 slots, 4096-token context."""
+    server = _start(model="gemma3-270m", n_ctx=4096, parallel=2, threads=1)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gemma_url(gemma_server: object) -> str:
+    return gemma_server.base_url  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture(scope="session")
 def clojure() -> Iterator[object]:
     """The real clojure.edn reader (Debian's clojure package), one JVM for the session.
     Missing in CI (KOTOBA_VLLM_REQUIRE_LIVE=1) it fails the run; elsewhere the tier skips."""
@@ -60,12 +74,25 @@ def clojure() -> Iterator[object]:
     probe.close()
 
 
+# fixture name -> the tests/_vllm_engine.py configuration it serves
+VLLM_FIXTURES = {"vllm_engine": "default", "vllm_url": "default", "vllm_admission": "admission",
+                 "vllm_pooling": "pooling"}
+
+
 @pytest.fixture(scope="session")
-def vllm_engines() -> Iterator[object]:
-    """The session's real vLLM engines (tests/_vllm_engine.py CONFIGS), each started on first use."""
-    from _vllm_engine import EngineSet
+def vllm_engines(request: pytest.FixtureRequest) -> Iterator[object]:
+    """The session's real vLLM engines (tests/_vllm_engine.py CONFIGS). Every configuration a
+    collected test asks for starts at once, side by side (start-up is mostly one core's imports)."""
+    from _vllm_engine import EngineSet, EngineUnavailable
 
     engines = EngineSet()
+    wanted = {VLLM_FIXTURES[f] for item in request.session.items
+              for f in getattr(item, "fixturenames", ()) if f in VLLM_FIXTURES}
+    try:
+        for name in sorted(wanted):
+            engines.start(name)
+    except EngineUnavailable:
+        pass  # each fixture reports it when used
     yield engines
     engines.stop_all()
 
@@ -94,6 +121,12 @@ def vllm_url(vllm_engine: object) -> str:
 
 
 @pytest.fixture(scope="session")
+def vllm_pooling(vllm_engines: object) -> object:
+    """The tiny model as a one-label classifier with runtime LoRA and dev mode (CONFIGS["pooling"])."""
+    return _vllm(vllm_engines, "pooling")
+
+
+@pytest.fixture(scope="session")
 def vllm_admission(vllm_engines: object) -> object:
-    """The real engine with `--max-num-seqs 1 --max-num-queued-reqs 1`: its own 503 engine-busy admission."""
+    """The real engine with `--max-num-seqs 1 --max-num-queued-reqs 2` (one runs, one waits): its own 503 engine-busy admission."""
     return _vllm(vllm_engines, "admission")

@@ -79,13 +79,15 @@ def test_aggregation_is_per_endpoint_and_concurrency() -> None:
     rows = {(s.endpoint, s.concurrency): s for s in summarize(samples)}
     assert set(rows) == {(A, 1), (B, 1), (A, 4)}
     a = rows[(A, 1)]
-    assert a.requests == 2 and a.decode.tokens == 40 and a.decode.ms == 200.0 and a.decode.tokens_per_s == 200.0
-    assert rows[(B, 1)].decode.tokens_per_s == 10.0  # B's slowness never blends into A's row
+    # a decode span covers the tokens after each request's first (llama.cpp's own rates count so): 9 + 29
+    assert a.requests == 2 and a.decode.tokens == 38 and a.decode.ms == 200.0 and a.decode.tokens_per_s == 190.0
+    assert (a.decode.provenance, a.decode.inputs) == ("computed", S)  # summed here, from the server's figures
+    assert rows[(B, 1)].decode.tokens_per_s == 9.0  # B's slowness never blends into A's row
 
 
 def test_pooled_rate_is_sum_over_sum_not_mean_of_rates() -> None:
     [s] = summarize([sample(A, decode=(10, 1000.0)), sample(A, decode=(90, 1000.0))])
-    assert s.decode.tokens_per_s == 50.0
+    assert s.decode.tokens_per_s == 49.0  # (9 + 89) / 2 s
     assert s.decode_rate.p50 == 50.0  # (10 + 90) / 2: the per-request distribution, separately
 
 
@@ -133,11 +135,11 @@ def test_misleading_figure_sits_beside_the_separated_rates() -> None:
                                                            completion=16))
     [s] = summarize([s1])
     assert s.misleading.tokens_per_s == pytest.approx(1.203, rel=1e-3)
-    assert s.decode.tokens_per_s == pytest.approx(53.333, rel=1e-3)
+    assert s.decode.tokens_per_s == pytest.approx(50.0, rel=1e-3)  # 15 tokens after the first in 300 ms
     table = render_table(report([s1]))
     decode_line = next(line for line in table.splitlines() if line.strip().startswith("decode   "))
     mis_line = next(line for line in table.splitlines() if "MISLEADING" in line)
-    assert "53.3" in decode_line and "1.2 tok/s" in mis_line and "not a decode rate" in mis_line
+    assert "50.0" in decode_line and "computed from server-reported" in decode_line and "1.2 tok/s" in mis_line and "not a decode rate" in mis_line
     assert table.index(decode_line) < table.index(mis_line)
 
 
@@ -159,6 +161,20 @@ def test_server_rates_from_counter_deltas() -> None:
     r = server_rates(before, after)
     assert r.engine == "llamacpp" and r.problem is None
     assert r.prefill.tokens_per_s == 500.0 and r.decode.tokens_per_s == 50.0
+    assert r.decode.provenance == "computed" and "first token included" in r.decode.source  # no answer count given
+
+
+def test_llamacpp_decode_counter_loses_one_first_token_per_answer() -> None:
+    """llama.cpp's predicted-token counter includes each request's first token (made by the prefill) and it
+    exports no request count: with the answers bench read, the decode figure counts decode steps, as the
+    server's own per-request rates do, and says so."""
+    before = parse_counters(METRICS_BEFORE)
+    after = parse_counters(METRICS_BEFORE.replace(" 100\n", " 1100\n").replace(" 1.0\n", " 3.0\n")
+                           .replace(" 50\n", " 250\n").replace(" 2.0\n", " 6.0\n"))
+    r = server_rates(before, after, answers=8)
+    assert (r.decode.tokens, r.decode.seconds, r.decode.tokens_per_s) == (192, 4.0, 48.0)
+    assert r.decode.provenance == "computed" and "less one first token per answer (8)" in r.decode.source
+    assert r.prefill.tokens == 1000  # prompt tokens have no first-token share
 
 
 def test_server_rates_unavailable_not_zero() -> None:
@@ -219,11 +235,12 @@ def test_server_cross_check_is_shown_with_its_ratio_and_a_disagreement_is_flagge
     import attrs
     from kotoba_vllm.bench._metrics import Rate, ServerRates
     rep = report([sample(A, prefill=(100, 50.0), decode=(20, 400.0))])
-    agree = ServerRates("llamacpp", Rate(100, 0.05, 2000.0), Rate(20, 0.4, 50.0))
+    agree = ServerRates("llamacpp", Rate(100, 0.05, 2000.0), Rate(19, 0.4, 47.5, source="counter deltas less one"))
     rows = tuple(attrs.evolve(s, server=agree) for s in rep.summaries)
     table = render_table(attrs.evolve(rep, summaries=rows))
-    assert "server /metrics 2000.0 tok/s  (bench/server 1.000)" in table and "DISAGREE" not in table
-    off = ServerRates("llamacpp", Rate(100, 0.025, 4000.0), Rate(20, 0.4, 50.0))
+    assert "server /metrics 2000.0 tok/s [counter deltas]  (bench/server 1.000)" in table and "DISAGREE" not in table
+    assert "server /metrics 47.5 tok/s [counter deltas less one]  (bench/server 1.000)" in table
+    off = ServerRates("llamacpp", Rate(100, 0.025, 4000.0), Rate(20, 0.4, 47.5))
     rep2 = attrs.evolve(rep, summaries=tuple(attrs.evolve(s, server=off) for s in rep.summaries))
     assert "(bench/server 0.500)  DISAGREE" in render_table(rep2)
     ratio = to_edn(rep2)[kw("bench/results")][0][kw("bench/server-metrics")][kw("bench/bench-over-server")]

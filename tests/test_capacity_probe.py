@@ -14,6 +14,8 @@ from kotoba_vllm.capacity import (ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, ap
                                   probe_pool)
 from kotoba_vllm.cli import main
 
+from faultserver import FaultServer, Seen, Step, refused_url, reply
+
 from test_capacity_parse import (LLAMACPP_METRICS_BUSY, LLAMACPP_METRICS_IDLE, LLAMACPP_PROPS, LLAMACPP_SLOTS_BUSY,
                                  LLAMACPP_SLOTS_IDLE, SGLANG_METRICS, SGLANG_SERVER_INFO, VLLM_METRICS)
 
@@ -76,6 +78,26 @@ async def test_async_probe_matches_sync() -> None:
     assert asynced.verdict == SLOT_AVAILABLE
 
 
+def engines_on_loopback(llama_busy: bool = False) -> tuple[FaultServer, FaultServer, FaultServer]:
+    """The same three engines as `mock_engines`, on real sockets (the CLI probes over http.client)."""
+    def serve(routes: dict[str, tuple[int, bytes]]) -> FaultServer:
+        def script(seen: Seen) -> list[Step]:
+            status, body = routes.get(seen.path, (404, b"{}"))
+            return reply(body, status)
+        return FaultServer(script).start()
+
+    def b(x: str | bytes) -> bytes:
+        return x if isinstance(x, bytes) else x.encode()
+
+    llama = serve({"/slots": (200, b(LLAMACPP_SLOTS_BUSY if llama_busy else LLAMACPP_SLOTS_IDLE)),
+                   "/metrics": (200, b(LLAMACPP_METRICS_BUSY if llama_busy else LLAMACPP_METRICS_IDLE)),
+                   "/props": (200, b(LLAMACPP_PROPS))})
+    vllm = serve({"/metrics": (200, b(VLLM_METRICS)), "/version": (200, b'{"version": "0.11.0"}')})
+    sglang = serve({"/metrics": (200, b(SGLANG_METRICS)), "/server_info": (200, b(SGLANG_SERVER_INFO)),
+                    "/get_server_info": (200, b(SGLANG_SERVER_INFO))})
+    return llama, vllm, sglang
+
+
 def run_cli(*argv: str) -> tuple[int, list[Any]]:
     buf = io.StringIO()
     with redirect_stdout(buf):
@@ -84,19 +106,23 @@ def run_cli(*argv: str) -> tuple[int, list[Any]]:
 
 
 def test_cli_prints_each_member_then_the_pool_and_exit_status_says_the_verdict(tmp_path: Any) -> None:
-    with respx.mock(assert_all_called=False) as m:
-        mock_engines(m, llama_busy=True)
-        rc, forms = run_cli(L, S, "--backend", "auto")
+    servers = engines_on_loopback(llama_busy=True)
+    try:
+        rc, forms = run_cli(servers[0].base_url, servers[2].base_url, "--backend", "auto")
+    finally:
+        for srv in servers:
+            srv.stop()
     assert rc == 1 and len(forms) == 3
     assert [f[kw("capacity/verdict")] for f in forms] == [kw(ALL_SLOTS_BUSY)] * 3
     assert forms[2][kw("capacity/measured-busy")] == 2
+    servers = engines_on_loopback()
     pool_file = tmp_path / "pool.edn"
-    pool_file.write_text('{:pool/members ["%s" "http://down.test:1"] :pool/backend :llamacpp}' % L)
-    with respx.mock(assert_all_called=False) as m:
-        mock_engines(m)
-        for p in ("/slots", "/metrics", "/props"):
-            m.get("http://down.test:1" + p).mock(side_effect=httpx.ConnectError("refused"))
+    pool_file.write_text('{:pool/members ["%s" "%s"] :pool/backend :llamacpp}' % (servers[0].base_url, refused_url()))
+    try:
         rc, forms = run_cli("--pool", str(pool_file))
+    finally:
+        for srv in servers:
+            srv.stop()
     assert rc == 0 and forms[1][kw("capacity/verdict")] == kw(UNMEASURED)
     assert forms[2][kw("capacity/unmeasured")] == 1 and forms[2][kw("capacity/enforced?")] is False
 

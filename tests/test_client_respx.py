@@ -22,6 +22,7 @@ from kotoba_vllm import (AdmissionRejected, AsyncClient, BadRequest, Client, Not
                          RequestTimeout, StreamBroken, TransportError, Unreachable, ValidationError)
 from kotoba_vllm._base_client import Attempt, may_resend
 from kotoba_vllm._resend import AttemptEvidence
+from kotoba_vllm._wire import from_httpx
 from kotoba_vllm._edn import dumps, kw, read_all, read_one
 from kotoba_vllm._errors import KotobaError
 
@@ -460,7 +461,9 @@ def test_a_json_answer_where_a_stream_was_asked_is_a_protocol_error(mode: str) -
 
 @pytest.mark.parametrize("mode", MODES)
 def test_llamacpp_native_stream_through_the_client(mode: str) -> None:
-    timings = {"cache_n": 0, "prompt_n": 2, "prompt_ms": 1.0, "predicted_n": 2, "predicted_ms": 4.0}
+    # llama.cpp's own rates: (predicted_n - 1) / predicted_ms, as it reports them
+    timings = {"cache_n": 0, "prompt_n": 2, "prompt_ms": 1.0, "prompt_per_second": 2000.0, "predicted_n": 2,
+               "predicted_ms": 4.0, "predicted_per_second": 250.0}
     body = sse({"content": "He", "stop": False}, {"content": "y", "stop": False},
                {"content": "", "stop": True, "stop_type": "limit", "tokens_predicted": 2, "tokens_evaluated": 2,
                 "timings": timings}, done=False)
@@ -469,7 +472,7 @@ def test_llamacpp_native_stream_through_the_client(mode: str) -> None:
         deltas, r = stream(mode, GEN, backend="llamacpp")
         assert json.loads(route.calls[0].request.content)["n_predict"] == 4
     assert "".join(d.delta for d in deltas) == r.text == "Hey"
-    assert r.timings.decode.provenance == "server-reported" and r.timings.decode.tokens_per_s == 500.0
+    assert r.timings.decode.provenance == "server-reported" and r.timings.decode.tokens_per_s == 250.0
 
 
 def test_cancelling_an_async_stream_closes_the_response() -> None:
@@ -522,17 +525,20 @@ def _attempt(*events: str) -> Attempt:
 
 
 def test_may_resend_only_for_a_reused_connection_before_any_response_byte() -> None:
-    stale = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+    def seam(e: Exception) -> Any:  # a caller's httpx failure, in our words once (the httpx wires do this)
+        return from_httpx(e, CHAT_URL, httpx.Timeout(5.0))
+
+    stale = seam(httpx.RemoteProtocolError("Server disconnected without sending a response."))
     reused_no_reply = _attempt("http11.send_request_headers.started", "http11.receive_response_headers.started")
     assert may_resend(stale, reused_no_reply) is True
-    assert may_resend(httpx.ReadError("reset"), reused_no_reply) is True
+    assert may_resend(seam(httpx.ReadError("reset")), reused_no_reply) is True
     # a fresh connection that failed: the server may have read the request
     assert may_resend(stale, _attempt("connection.connect_tcp.started", "connection.connect_tcp.complete")) is False
     # any response byte means the server answered: never resend
     assert may_resend(stale, _attempt("http11.receive_response_headers.complete")) is False
     # timeouts and refusals are not stale connections
-    assert may_resend(httpx.ReadTimeout("slow"), reused_no_reply) is False
-    assert may_resend(httpx.ConnectError("refused"), reused_no_reply) is False
+    assert may_resend(seam(httpx.ReadTimeout("slow")), reused_no_reply) is False
+    assert may_resend(seam(httpx.ConnectError("refused")), reused_no_reply) is False
     # no trace events: nothing is known, and unknown never resends
     assert may_resend(stale, _attempt()) is False
     assert may_resend(stale, None) is False
@@ -547,15 +553,16 @@ def test_a_transport_reports_evidence_through_the_neutral_interface() -> None:
     ev = AttemptEvidence()
     assert not rule(connection_failed=True, evidence=ev)  # nothing reported
     ev.connection(reused=True)
-    ev.awaiting_response()
+    ev.response(seen=False)
     assert rule(connection_failed=True, evidence=ev)
     assert not rule(connection_failed=False, evidence=ev)  # a timeout, a refusal, an HTTP answer
-    ev.response_started()
+    ev.response(seen=True)
+    ev.response(seen=False)  # a byte that arrived stays arrived
     assert not rule(connection_failed=True, evidence=ev)  # the server answered: never again
     fresh = AttemptEvidence()
     fresh.connection(reused=False)
     fresh.connection(reused=True)  # the first connection of the attempt is the one that counts
-    fresh.awaiting_response()
+    fresh.response(seen=False)
     assert not rule(connection_failed=True, evidence=fresh)
 
 

@@ -16,16 +16,24 @@ from kotoba_vllm.distributed._emit import Command
 EXAMPLES = sorted(glob.glob("examples/distributed/*.edn"))
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp"])
 @pytest.mark.parametrize("path", EXAMPLES)
 def test_emitted_flags_are_defined_by_the_engines_parser(path: str, engine: str) -> None:
     p, problems = plan_file(path, engine)
+    if p is None and engine == "llamacpp":
+        assert any(x.field in ("model/path", "node/role") for x in problems), problems  # needs a GGUF, no PD
+        return
     assert p is not None, problems
     known = engine_flags(engine)
+    checked = 0
     for c in emit(p):
-        if c.role in ("ray-head", "ray-worker"):
-            continue  # Ray's CLI, not the engine's
-        assert known.unknown(flags_of(c.argv)) == [], (known.version, c.argv)
+        if c.parser is None:
+            assert c.role in ("ray-head", "ray-worker", "rpc-server", "router")  # Ray's, ggml's, a router's CLI
+            continue
+        assert c.parser == engine
+        assert known.unknown(flags_of(c.argv, short=engine == "llamacpp")) == [], (known.version, c.argv)
+        checked += 1
+    assert checked
 
 
 def test_flag_data_names_its_version_and_catches_a_rename() -> None:

@@ -30,10 +30,12 @@ def test_run_example_batch_on_ray_with_a_local_server(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr[-3000:]  # the example's last line is invalid on purpose
     assert "ray batch complete: 4 records" in proc.stderr
     rows = [json.loads(line) for f in sorted(glob.glob(str(out / "part-*.jsonl"))) for line in open(f)]
-    assert [r["request_index"] for r in rows] == [0, 1, 2, 3]
-    assert [r["ok"] for r in rows] == [True, True, True, False]
-    assert rows[3]["error"] == "validation" and "frobnicate" in rows[3]["record"]
-    assert rows[0]["request_id"] == "greet" and rows[0]["backend"] == "llamacpp"
+    # the run-batch lines `run -o x.jsonl` writes
+    assert [r["kotoba"]["request_index"] for r in rows] == [0, 1, 2, 3]
+    assert [r["error"] is None for r in rows] == [True, True, True, False]
+    assert rows[3]["error"]["code"] == "validation" and "frobnicate" in json.dumps(rows[3]["kotoba"]["error"])
+    assert rows[0]["custom_id"] == "greet" and rows[0]["kotoba"]["backend"] == "llamacpp"
+    assert rows[0]["response"]["status_code"] == 200 and rows[0]["response"]["body"]["choices"]
     summary = read_one((out / "summary.edn").read_text())
     assert summary[kw("batch/outcomes")] == {kw("ok"): 3, kw("validation"): 1}
     assert not (out / ".intent").exists()

@@ -87,10 +87,10 @@ def _invalid(i: int) -> bool:
 
 
 def _rows(out: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
     rows: list[dict[str, Any]] = []
-    for path in sorted(glob.glob(os.path.join(out, "part-*.jsonl"))):
-        with open(path, encoding="utf-8") as fh:
-            part = [json.loads(line) for line in fh]
+    for path in sorted(glob.glob(os.path.join(out, "part-*.parquet"))):  # the typed columns
+        part = pq.read_table(path).to_pylist()
         idx = [r["request_index"] for r in part]
         lo, hi = map(int, re.findall(r"\d+", os.path.basename(path)))
         assert idx == list(range(lo, hi + 1)), path  # ordered, named by its range, nothing missing
@@ -139,7 +139,7 @@ def test_two_nodes_a_restarted_server_and_a_killed_actor_still_give_one_record_p
     chaos.start()
     pool = PoolConfig(tuple(s.base_url for s in servers), "llamacpp", 1.0)
     stats = run_pipeline(str(src), out, pool=pool, block_rows=BLOCK, actors=2, actor_cpus=0.25, concurrency=4,
-                         timeout=30, stage=FaultyStage,
+                         timeout=30, stage=FaultyStage, output_format="parquet",
                          stage_kwargs={"conductor": "conductor", "held_file": held_file})
     chaos.join(timeout=60)
     assert log.get("restarted") and ray.get(conductor.killed.remote())
@@ -314,7 +314,7 @@ def test_a_worker_killed_at_a_random_moment_leaves_one_record_per_input_and_flag
     before = sum(_metric(s.base_url) for s in servers)
     killer.start()
     stats = run_pipeline(str(src), out, pool=PoolConfig(tuple(s.base_url for s in servers), "llamacpp", 1.0),
-                         block_rows=20, actors=2, actor_cpus=0.25, concurrency=4, timeout=30)
+                         block_rows=20, actors=2, actor_cpus=0.25, concurrency=4, timeout=30, output_format="parquet")
     killer.join(timeout=60)
     note = f"seed {seed}, kill after {delay:.2f} s, killed pid {log.get('killed')}"
     rows = _rows(out)
@@ -326,3 +326,34 @@ def test_a_worker_killed_at_a_random_moment_leaves_one_record_per_input_and_flag
     recorded = sum(r["completion_tokens"] for r in rows)
     flagged = sum(1 for r in rows if r["maybe_sent_twice"])
     assert recorded <= served <= recorded + flagged * max_tokens, (served, recorded, flagged, note)
+
+
+_GENERATED = {"id", "request_id", "created", "timings"}  # server- or client-made per send: ids, clocks, timings
+
+
+def _comparable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _comparable(x) for k, x in v.items() if k not in _GENERATED}
+    if isinstance(v, list):
+        return [_comparable(x) for x in v]
+    return v
+
+
+def test_batch_jsonl_gives_the_same_records_through_run_and_run_ray(cluster: Any, servers: list[Any],
+                                                                     tmp_path: Any) -> None:
+    from kotoba_vllm.cli import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(_line(i) + "\n" for i in range(12)))  # lines 5 and 7 are invalid
+    out, plain = str(tmp_path / "out"), str(tmp_path / "plain.jsonl")
+    base = ["--base-url", servers[0].base_url, "--backend", "llamacpp", "--no-progress"]
+    assert main(["run", str(src), "--ray", "-o", out, "--block-rows", "5", *base]) == 1
+    assert main(["run", str(src), "-o", plain, *base]) == 1
+    ray_records = [json.loads(line) for f in sorted(glob.glob(os.path.join(out, "part-*.jsonl"))) for line in open(f)]
+    plain_records = [json.loads(line) for line in open(plain)]
+    assert len(ray_records) == len(plain_records) == 12
+    assert [r["custom_id"] for r in ray_records] == [f"req-{i}" for i in range(12)]
+    for r, p in zip(ray_records, plain_records):  # field by field, only file layout differing
+        assert set(r) == set(p) == {"id", "custom_id", "response", "error", "kotoba"}
+        assert _comparable(r) == _comparable(p)
+    assert [r["error"]["code"] if r["error"] else None for r in ray_records].count("validation") == 2

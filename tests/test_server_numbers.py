@@ -116,11 +116,11 @@ WILD: list[Any] = [math.nan, math.inf, -math.inf, -1, 10**30, 1e308, "12", True,
 def test_timings_are_total_over_wild_server_numbers(value: Any) -> None:
     clock = ClientClock(sent=0.0, first_token=0.1, last_token=0.5, done=0.6, token_times=(0.1, 0.3, 0.5))
     for t in (llamacpp_server_timings({k: value for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms",
-                                                          "cache_n")}),
+                                                          "cache_n", "prompt_per_second", "predicted_per_second")}),
               sglang_server_timings({k: value for k in ("prompt_tokens", "completion_tokens", "cached_tokens",
                                                         "prefill_launch_latency", "decode_throughput")})):
         assert t is not None
-        for f in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cached_n", "predicted_per_s"):
+        for f in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cached_n", "prompt_per_s", "predicted_per_s"):
             v = getattr(t, f)
             assert v is None or (math.isfinite(v) and v >= 0), (f, v)
         timings = build_timings(t, Usage(prompt_tokens=3, completion_tokens=2), clock)

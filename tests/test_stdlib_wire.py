@@ -110,11 +110,12 @@ def test_the_wire_reports_its_evidence() -> None:
         first = AttemptEvidence()
         wire.send("POST", url, json={"messages": MSGS}, timeout=T, attempt=first)
         second = AttemptEvidence()
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(E.TransportError) as lost:
             wire.send("POST", url, json={"messages": MSGS}, timeout=T, attempt=second)
+        assert lost.value.connection_lost
         wire.close()
-    assert first.new_connection is True and first.got_response is None  # it succeeded: nothing to judge
-    assert second.new_connection is False and second.got_response is False
+    assert first.reused is False and first.response_seen is None  # it succeeded: nothing to judge
+    assert second.reused is True and second.response_seen is False
 
 
 def test_a_close_delimited_answer_is_read_to_the_end_and_its_connection_not_kept() -> None:
@@ -149,8 +150,9 @@ def test_slow_headers_are_a_read_timeout() -> None:
     with FaultServer(lambda s: [Sleep(30)]) as srv:
         wire = StdlibWire(headers={})
         t0 = time.monotonic()
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(E.RequestTimeout) as raw:
             wire.send("GET", srv.base_url + "/health", timeout=httpx.Timeout(5.0, read=0.2))
+        assert raw.value.phase == "read"
         assert time.monotonic() - t0 < 2
         wire.close()
         with client(srv.base_url) as c, pytest.raises(E.RequestTimeout) as ei:
@@ -160,7 +162,7 @@ def test_slow_headers_are_a_read_timeout() -> None:
 
 def test_connection_refused() -> None:
     wire = StdlibWire(headers={})
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(E.Unreachable):
         wire.send("GET", refused_url() + "/health", timeout=T)
     with client(refused_url()) as c, pytest.raises(E.Unreachable):
         c.chat(MSGS)

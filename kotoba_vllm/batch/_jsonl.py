@@ -24,7 +24,7 @@ from typing import IO, Any, Iterator
 import attrs
 
 from .._codec import edn_to_json
-from .._edn import Keyword, kw
+from .._edn import MAX_DEPTH, Keyword, kw
 from .._errors import InternalError, KotobaError, ServerError
 from .._model import EmbeddingResponse, Response, to_edn
 from .._openai_messages import message_to_edn
@@ -111,12 +111,34 @@ def body_to_edn(body: dict[str, Any], endpoint: str, where: str) -> tuple[dict[K
     return m, problems
 
 
+_TOO_DEEP = object()
+
+
+def _depth(obj: Any) -> int:
+    """How deeply `obj`'s lists and maps nest (iteratively: no recursion limit of its own)."""
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            todo.extend((x, d + 1) for x in v if isinstance(x, (list, dict)))
+    return deepest
+
+
 def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry:
     where = f"{source}:{lineno}:1"
     try:
         obj = json.loads(line)
+    except RecursionError:
+        obj = _TOO_DEEP
     except ValueError as e:
         return BatchEntry(index, where, None, (_problem("batch/json", f"not JSON: {e}", where),))
+    # the EDN reader's bound, and its words (a count of brackets first: most lines hold a handful)
+    if obj is _TOO_DEEP or (line.count("[") + line.count("{") > MAX_DEPTH and _depth(obj) > MAX_DEPTH):
+        return BatchEntry(index, where, None, (_problem("batch/json", f"nested deeper than {MAX_DEPTH} levels",
+                                                        where),))
     if not isinstance(obj, dict):
         return BatchEntry(index, where, None, (_problem("batch/line", "a batch line must be a JSON object", where),))
     custom_id = obj.get("custom_id")
@@ -240,9 +262,12 @@ def _custom_id(entry: BatchEntry) -> str:
 
 
 def output_line(entry: BatchEntry, result: Any = None, error: KotobaError | None = None,
-                problems: tuple[Problem, ...] | None = None) -> str:
-    """One output line: a response, a typed error, or validation problems (nothing sent)."""
+                problems: tuple[Problem, ...] | None = None, attempts: list[dict[Keyword, Any]] | None = None) -> str:
+    """One output line: a response, a typed error, or validation problems (nothing sent); `attempts`: every
+    attempt of a request rejected at admission and sent again (`kotoba.attempts`)."""
     kotoba: dict[str, Any] = {"request_index": entry.index, "where": entry.where}
+    if attempts is not None:
+        kotoba["attempts"] = edn_to_json(attempts)
     response: dict[str, Any] | None = None
     err: dict[str, Any] | None = None
     if problems is not None:

@@ -76,10 +76,16 @@ def _read_records(path: str, fmt: str) -> tuple[list[tuple[int, str, str]], bool
     return out, bad
 
 
-def load_existing(output: str, fmt: str) -> ExistingOutput:
+def load_existing(output: str, fmt: str, redo: frozenset[str] = frozenset()) -> ExistingOutput:
     """Read an earlier run's output and journal. A torn record at the end of the output is
-    dropped by rewriting the file from the records that do read."""
+    dropped by rewriting the file from the records that do read.
+
+    `redo`: outcomes to send again (`--redo admission-rejected`). Every other record moves to the
+    journal (written whole, then put in place of the old one, so a crash loses nothing) and the output
+    starts empty: the run writes kept and new records in input order."""
     ex = ExistingOutput()
+    if redo:
+        return _for_redo(output, fmt, redo)
     if os.path.exists(output):
         records, bad = _read_records(output, fmt)
         if bad:
@@ -94,6 +100,25 @@ def load_existing(output: str, fmt: str) -> ExistingOutput:
         for i, text, outcome in _read_records(jp, fmt)[0]:
             if i not in ex.done:
                 ex.journal[i] = ([text], outcome)
+    return ex
+
+
+def _for_redo(output: str, fmt: str, redo: frozenset[str]) -> ExistingOutput:
+    ex = ExistingOutput()
+    jp = journal_path(output)
+    kept: dict[int, tuple[str, str]] = {}
+    for path in (output, jp):
+        if os.path.exists(path):
+            for i, text, outcome in _read_records(path, fmt)[0]:
+                kept.setdefault(i, (text, outcome))
+    kept = {i: r for i, r in kept.items() if r[1] not in redo}
+    tmp = jp + ".rewrite"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for i in sorted(kept):
+            fh.write(kept[i][0] + "\n")
+    os.replace(tmp, jp)
+    open(output, "w", encoding="utf-8").close()  # every record kept is in the journal now
+    ex.journal = {i: ([text], outcome) for i, (text, outcome) in kept.items()}
     return ex
 
 

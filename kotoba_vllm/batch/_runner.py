@@ -14,7 +14,7 @@ recorded, so `--resume` sends them again; the server may have seen them).
 from __future__ import annotations
 
 import asyncio
-import functools
+import datetime
 import time
 from collections import Counter, deque
 from typing import Any, Awaitable, Callable, Iterable, Iterator
@@ -22,16 +22,21 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator
 import attrs
 
 from .._edn import EdnError, Keyword, dumps, kw
-from .._errors import ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
+from .._errors import AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
 from .._codec import write_edn, write_fields
 from .._model import to_edn
 from .._requests import request_to_edn
+from ._deadlines import Deadline, DeadlineQueue
 from ._entries import BatchEntry
+from ._flow import FixedLimit, Limiter
 from ._jsonl import output_line
 from ._output import ExistingOutput, OrderedSink, render_edn
 
 K_INDEX = kw("vllm/request-index")
 K_RID = kw("vllm/request-id")
+K_ATTEMPTS = kw("vllm/attempts")
+K_AT, K_MEMBER, K_OUTCOME = kw("vllm/at"), kw("vllm/member"), kw("vllm/outcome")
+K_REASON, K_RETRY_AFTER = kw("vllm/reason"), kw("vllm/retry-after-s")
 _INDEX_KEY = frozenset((K_INDEX,))
 _HEAD_KEYS = frozenset((K_INDEX, K_RID))
 
@@ -42,6 +47,7 @@ class BatchSummary:
 
     outcomes: Counter[str] = attrs.field(factory=Counter)
     sent: int = 0  # HTTP requests this run started
+    requeued: int = 0  # of them, admission-rejected requests sent again (--requeue-rejected)
     recorded: int = 0  # records this run produced (sent, invalid, or taken from the journal)
     already_done: int = 0  # positions the output held before this run
     from_journal: int = 0
@@ -52,6 +58,7 @@ class BatchSummary:
     output: str | None = None
     pending: str | None = None  # the journal left behind, when records wait past a gap
     input_error: str | None = None  # the input stopped reading as a whole
+    flow: list[dict[Keyword, Any]] | None = None  # flow control per member (None: a fixed --concurrency)
 
     @property
     def failed(self) -> int:
@@ -65,7 +72,7 @@ class BatchSummary:
         rate = self.recorded / self.elapsed_s if self.elapsed_s > 0 else None
         sent_rate = self.sent / self.elapsed_s if self.elapsed_s > 0 else None
         return {kw("batch/outcomes"): {kw(k): n for k, n in sorted(self.outcomes.items())},
-                kw("batch/recorded"): self.recorded, kw("batch/sent"): self.sent,
+                kw("batch/recorded"): self.recorded, kw("batch/sent"): self.sent, kw("batch/requeued"): self.requeued,
                 kw("batch/already-done"): self.already_done, kw("batch/from-journal"): self.from_journal,
                 kw("batch/abandoned"): self.abandoned, kw("batch/interrupted?"): self.interrupted,
                 kw("batch/complete?"): self.complete, kw("batch/stopped-at"): self.stopped_at,
@@ -73,16 +80,23 @@ class BatchSummary:
                 kw("batch/records-per-s"): round(rate, 1) if rate is not None else None,
                 kw("batch/requests-per-s"): round(sent_rate, 1) if sent_rate is not None else None,
                 kw("batch/output"): self.output, kw("batch/pending"): self.pending,
-                kw("batch/input-error"): self.input_error}
+                kw("batch/input-error"): self.input_error, kw("batch/flow"): self.flow}
 
     def line(self) -> str:
         parts = " ".join(f"{k}={n}" for k, n in sorted(self.outcomes.items())) or "nothing"
         rate = f"{self.sent / self.elapsed_s:.1f} req/s" if self.elapsed_s > 0 and self.sent else "no requests sent"
         extra = f", {self.already_done} already done" if self.already_done else ""
         extra += f", {self.from_journal} from the journal" if self.from_journal else ""
+        extra += f", {self.requeued} sent again after an admission rejection" if self.requeued else ""
         state = "complete" if self.complete else "INTERRUPTED (run again with --resume)"
-        return (f";; batch {state}: {self.recorded} records ({parts}){extra}; {self.sent} sent in "
+        text = (f";; batch {state}: {self.recorded} records ({parts}){extra}; {self.sent} sent in "
                 f"{self.elapsed_s:.2f} s, {rate}")
+        for m in self.flow or ():
+            lim = m[kw("flow/limit")]
+            text += (f"\n;; flow {m[kw('flow/member')]}: limit min/median/max {lim[kw('flow/min')]}/"
+                     f"{lim[kw('flow/median')]}/{lim[kw('flow/max')]} of {m[kw('flow/ceiling')]}, "
+                     f"{m[kw('flow/rejections')]} rejected, {m[kw('flow/pauses')]} paused")
+        return text
 
 
 # One request -> (response, deltas); a KotobaError is the typed failure, anything else a bug recorded as one.
@@ -113,78 +127,96 @@ class Recorder:
                     kw("vllm/problems"): [p.to_edn() for p in errors]})
         return [render_edn(rec, self.pretty)]
 
-    def failed(self, e: BatchEntry, err: KotobaError) -> list[str]:
+    def failed(self, e: BatchEntry, err: KotobaError, attempts: list[dict[Keyword, Any]] | None = None) -> list[str]:
         if self.fmt == "jsonl":
-            return [output_line(e, error=err)]
+            return [output_line(e, error=err, attempts=attempts)]
         rec = self._head(e)
         rec.update(err.to_edn())
         if e.request is not None:
             rec[kw("vllm/request")] = request_to_edn(e.request)
+        if attempts is not None:
+            rec[K_ATTEMPTS] = attempts
         return [render_edn(rec, self.pretty)]
 
-    def ok(self, e: BatchEntry, resp: Any, deltas: list[Any]) -> list[str]:
+    def ok(self, e: BatchEntry, resp: Any, deltas: list[Any],
+           attempts: list[dict[Keyword, Any]] | None = None) -> list[str]:
         if self.fmt == "jsonl":
-            return [output_line(e, result=resp)]
+            return [output_line(e, result=resp, attempts=attempts)]
         if not self.pretty:  # the same text as below, written without building the record's maps
             head = [":vllm/request-index " + dumps(e.index)]
             rid = e.request_id
             if rid is not None:
                 head.append(":vllm/request-id " + dumps(rid))
             body = write_fields(resp, _HEAD_KEYS if rid is not None else _INDEX_KEY)
+            if attempts is not None:
+                body.append(":vllm/attempts " + dumps(attempts))
             return [write_edn(d) for d in deltas] + ["{" + " ".join(head + body) + "}"]
         rec = self._head(e)
         rec.update(to_edn(resp))
         rec[K_INDEX] = e.index
         if e.request_id is not None:
             rec[K_RID] = e.request_id
+        if attempts is not None:
+            rec[K_ATTEMPTS] = attempts
         return [render_edn(to_edn(d), False) for d in deltas] + [render_edn(rec, self.pretty)]
 
 
+class Flight:
+    """One request the runner started: its entry, its limiter ticket, its deadline; once rejected at
+    admission and queued again, its attempts so far, the last rejection and the limiter's mark."""
+
+    __slots__ = ("entry", "ticket", "deadline", "attempts", "rejection", "mark")
+
+    def __init__(self, entry: BatchEntry, ticket: Any) -> None:
+        self.entry, self.ticket = entry, ticket
+        self.deadline: Deadline[Any] | None = None
+        self.attempts: list[dict[Keyword, Any]] | None = None
+        self.rejection: AdmissionRejected | None = None
+        self.mark: Any = None
+
+
 class BatchRunner:
+    """The scheduling core: `run` takes up entries in input order and starts each one the limiter admits;
+    every request is one task (the sender's own) whose done callback makes its record; `run` waits only
+    when the limiter says not now, the window is full, or the input is taken up and requests are in flight.
+
+    Flow control is the limiter's (`_flow.py`); deadlines are the `DeadlineQueue`'s."""
+
     def __init__(self, send: SendFn, sink: OrderedSink, recorder: Recorder, *, concurrency: int = 8,
                  window: int | None = None, existing: ExistingOutput | None = None,
-                 progress: Any = None, deadline_s: float | None = None) -> None:
+                 progress: Any = None, deadline_s: float | None = None, limiter: Limiter | None = None,
+                 requeue: int = 0) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
         self.send, self.sink, self.recorder = send, sink, recorder
         # A sender still running after this many seconds is cancelled and recorded as a timeout.
         self.deadline_s = deadline_s
         self.concurrency = concurrency
+        self.limiter: Limiter = limiter if limiter is not None else FixedLimit(concurrency)
+        # An admission-rejected request is sent again at most this many times (never another failure).
+        self.requeue = requeue
+        self._again: deque[Flight] = deque()  # rejected at admission, waiting to be sent again
+        self._taking_up = False
         # Out-of-order results wait in memory; cap how far ahead of the oldest unwritten we go.
         self.window = window or max(1024, 64 * concurrency)
         self.existing = existing or ExistingOutput()
         self.progress = progress
         self.summary = BatchSummary()
-        self._stop = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()  # senders running, deadline not passed
-        self._expiring: dict[asyncio.Task[Any], tuple[BatchEntry, asyncio.TimerHandle]] = {}
-        # Deadlines, one [deadline, task, entry] per sender in start order (so in deadline order), and
-        # one timer for the first: a timer per request cost ~5-9 us of heap work each at 64-256 in flight.
-        # A settled sender's slot is emptied; empty slots leave from the front, so the queue holds no more
-        # than the window of requests started since the oldest one still running.
-        self._deadlines: deque[list[Any]] = deque()
-        self._sweep: asyncio.TimerHandle | None = None
-        self._pending = 0  # requests started and not yet recorded or abandoned
-        self._free = concurrency  # slots for senders
-        # Taking up entries: the input while it is being read; the entry taken but not started (no slot free,
-        # or the window full); `_parked` while `run` itself waits for the window, else a freed slot takes the
-        # next entry in its own callback (no semaphore, no turn of the loop to wake `run` per request).
-        self._entries: Iterator[BatchEntry] | None = None
-        self._held: BatchEntry | None = None
-        self._parked = False
-        self._filling = False
-        self._wake: asyncio.Future[None] | None = None  # `run` waits: the input ended, or the window is full
-        self._idle: asyncio.Future[None] | None = None
-        self._failures: list[Exception] = []
-        self._abandoning = False
         self._stops = 0
+        self._abandoning = False
+        self._running: dict[asyncio.Task[Any], Flight] = {}  # started, deadline not passed
+        self._expiring: dict[asyncio.Task[Any], tuple[Flight, asyncio.TimerHandle]] = {}  # cancelled at it
+        self._deadlines: DeadlineQueue[asyncio.Task[Any]] | None = (
+            DeadlineQueue(deadline_s, self._expire) if deadline_s is not None else None)
+        self._wake: asyncio.Future[None] | None = None  # `run` waits on it; anything that may unblock it sets it
+        self._failures: list[Exception] = []
+        self._loop: asyncio.AbstractEventLoop | Any = None  # `run`'s
 
     def stop(self) -> None:
         """First call: send nothing new, let in-flight requests finish. Second: abandon them."""
         self._stops += 1
         self.summary.interrupted = True
-        self._stop.set()
-        self.sink.wake()
+        self._poke()
         if self._stops >= 2:
             self._abandon()
 
@@ -195,7 +227,207 @@ class BatchRunner:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks) + len(self._expiring)
+        return len(self._running) + len(self._expiring)
+
+    # ---------------------------------------------------------------- taking up the input
+
+    async def run(self, entries: Iterable[BatchEntry]) -> BatchSummary:
+        started = time.perf_counter()
+        self._loop = asyncio.get_running_loop()
+        self._taking_up = True
+        try:
+            await self._take_up(iter(entries))
+        finally:
+            self._taking_up = False
+            while self._again:  # a stop (or the input) ended the run first: they keep their last rejection
+                f = self._again.popleft()
+                assert f.rejection is not None
+                self._finish(f, f.rejection, settled=True)
+            try:
+                while self.in_flight:
+                    await self._wait()
+            except asyncio.CancelledError:  # the run itself is cancelled: what is in flight is abandoned
+                self._abandon()
+                raise
+            if self._deadlines is not None:
+                self._deadlines.close()
+            self.sink.close(keep_journal=bool(self.existing.journal))
+            self.summary.elapsed_s = time.perf_counter() - started
+        if self._failures:  # the output itself failed (disk full ...): the run cannot claim its records
+            raise self._failures[0]
+        return self.summary
+
+    async def _take_up(self, entries: Iterator[BatchEntry]) -> None:
+        """Every entry in input order: recorded at once (already done, journaled, invalid) or started when
+        the window and the limiter allow; returns at the input's end, a stop, or an input that stops reading."""
+        ex, sink, limiter = self.existing, self.sink, self.limiter
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                e = next(entries, None)
+            except EdnError as err:  # the input stopped reading as a whole (e.g. an unclosed vector)
+                self.summary.input_error = str(err)
+                return
+            except Exception as err:  # the reader itself failed: say so, keep every record already made
+                self.summary.input_error = str(InternalError.from_exception(err, during="while reading the input"))
+                return
+            if e is None:
+                while self._again or (self.requeue and self.in_flight):  # answers may still come back rejected
+                    if not (self._again and self._resend()):
+                        await self._wait(limiter.wake_in())
+                    if self._stops > 0:
+                        return
+                return
+            if self._stops > 0:
+                self.summary.stopped_at = e.index
+                return
+            if e.index in ex.done:
+                self.summary.already_done += 1
+                continue  # the sink skips it
+            journaled = ex.journal.pop(e.index, None)
+            if journaled is not None:
+                self.summary.from_journal += 1
+                self._record(e.index, journaled[0], journaled[1], journaled=True)
+                continue
+            if not e.sendable:
+                self._record(e.index, self.recorder.invalid(e), "validation")
+                continue
+            while e.index - sink.next >= self.window:  # bound memory: wait for the output to catch up
+                await self._wait(limiter.wake_in() if self._again else None)
+                self._resend()
+                if self._stops > 0:
+                    self.summary.stopped_at = e.index
+                    return
+            ticket = limiter.admit(e) if not self._again else None
+            while ticket is None:
+                if not (self._again and self._resend()):
+                    await self._wait(limiter.wake_in())
+                if self._stops > 0:
+                    self.summary.stopped_at = e.index
+                    return
+                ticket = limiter.admit(e) if not self._again else None
+            self.summary.sent += 1
+            self._start(Flight(e, ticket), loop)
+
+    def _resend(self) -> bool:
+        """Send again, oldest first, the rejected requests the limiter admits again; True when it sent any."""
+        again, sent = self._again, False
+        if not again:
+            return False
+        loop = asyncio.get_running_loop()
+        while again:
+            f = again[0]
+            ticket = self.limiter.admit_again(f.entry, f.mark)
+            if ticket is None:
+                break
+            again.popleft()
+            f.ticket = ticket
+            self.summary.sent += 1
+            self.summary.requeued += 1
+            self._start(f, loop)
+            sent = True
+        return sent
+
+    def _wait(self, timeout: float | None = None) -> "asyncio.Future[None]":
+        """What `run` awaits until something that may unblock it happens: a request settles, a stop, or
+        `timeout` passes. (A future, not a coroutine: one frame less to resume per wake.)"""
+        loop = self._loop
+        wake = self._wake = loop.create_future()
+        if timeout is not None:
+            wake.add_done_callback(_cancel_timer(loop.call_later(timeout, _resolve, wake)))
+        return wake
+
+    def _poke(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():
+                wake.set_result(None)
+
+    # ---------------------------------------------------------------- one request
+
+    # One task per request, the sender's own: its record is made by its done callback, or when its
+    # deadline passes first (cancelled, given CANCEL_GRACE_S to unwind, then recorded as a timeout).
+    # A second task per request to watch the first cost as much CPU as the rest of the runner.
+
+    def _start(self, f: Flight, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            task = asyncio.ensure_future(self.send(f.entry))
+        except Exception as exc:  # a sender that fails before it returns an awaitable
+            self._finish(f, InternalError.from_exception(exc))
+            return
+        if self._deadlines is not None:
+            f.deadline = self._deadlines.add(task, loop)
+        self._running[task] = f
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: "asyncio.Task[Any]") -> None:
+        f = self._running.pop(task, None)
+        if f is None:
+            held = self._expiring.pop(task, None)
+            if held is not None:  # past its deadline, unwound within the grace: a timeout all the same
+                held[1].cancel()
+                _retrieve(task)
+                self._timed_out(held[0])
+            else:  # left behind after its grace (its record is made), or abandoned
+                _retrieve(task)
+            return
+        if f.deadline is not None and self._deadlines is not None:
+            self._deadlines.cancel(f.deadline)
+        if self._abandoning:  # a second stop: not recorded, even if it answered; --resume sends it again
+            _retrieve(task)
+            self.summary.abandoned += 1
+            self.limiter.settled(f.ticket, None)
+            self._poke()
+            return
+        self._finish(f, _outcome(task))
+
+    def _expire(self, task: "asyncio.Task[Any]") -> None:
+        """Its deadline came first: cancel it and give it CANCEL_GRACE_S to unwind."""
+        f = self._running.get(task)
+        if f is None or task.done():  # answered just in time: its done callback is already queued
+            return
+        del self._running[task]
+        task.cancel()
+        grace = task.get_loop().call_later(CANCEL_GRACE_S, self._grace_over, task)
+        self._expiring[task] = (f, grace)
+
+    def _grace_over(self, task: "asyncio.Task[Any]") -> None:
+        """A sender that ignores cancel: left behind, recorded as the timeout it is."""
+        held = self._expiring.pop(task, None)
+        if held is not None:
+            self._timed_out(held[0])
+
+    def _timed_out(self, f: Flight) -> None:
+        e = f.entry
+        endpoint = e.request.base_url if e.request is not None else None
+        self._finish(f, RequestTimeout(f"no answer within {self.deadline_s} s (the whole request); cancelled",
+                                       phase="total", limit_s=self.deadline_s, endpoint=endpoint))
+
+    def _finish(self, f: Flight, outcome: Outcome, *, settled: bool = False) -> None:
+        e = f.entry
+        if self.requeue and not settled:  # (settled: a queued rejection recorded as it is, attempts and all)
+            mark = self.limiter.settled(f.ticket, outcome)
+            settled = True
+            if isinstance(outcome, AdmissionRejected) or f.attempts is not None:
+                f.attempts = (f.attempts or []) + [_attempt(e, outcome)]
+            if (isinstance(outcome, AdmissionRejected) and len(f.attempts or ()) <= self.requeue
+                    and self._taking_up and not self._stops and not self._abandoning):
+                f.rejection, f.mark = outcome, mark
+                self._again.append(f)
+                self._poke()
+                return
+        try:
+            if isinstance(outcome, ValidationError):
+                self.summary.sent -= 1  # refused by validation before any byte went out
+            lines, kind = self._lines(e, outcome, f.attempts)
+            self._record(e.index, lines, kind)
+        except Exception as exc:  # the output itself failed: `run` raises it once every request settled
+            self._failures.append(exc)
+        finally:
+            if not settled:
+                self.limiter.settled(f.ticket, outcome)
+            self._poke()
 
     def _record(self, index: int, lines: list[str], outcome: str, *, journaled: bool = False) -> None:
         self.sink.put(index, lines, journaled=journaled)
@@ -204,219 +436,55 @@ class BatchRunner:
         if self.progress is not None:
             self.progress.update(1)
 
-    # One task per request, the sender's own: its record is made by a callback when it settles, or when
-    # its deadline passes first (cancelled, given CANCEL_GRACE_S to unwind, then recorded as a timeout).
-    # A second task per request to watch the first cost as much CPU as the rest of the runner.
-
-    def _start(self, e: BatchEntry) -> None:
-        self._pending += 1
-        try:
-            task = asyncio.ensure_future(self.send(e))
-        except Exception as exc:  # a sender that fails before it returns an awaitable
-            self._finish(e, InternalError.from_exception(exc))
-            return
-        slot = None
-        if self.deadline_s is not None:
-            loop = task.get_loop()
-            deadline = loop.time() + self.deadline_s
-            slot = [deadline, task, e]
-            self._deadlines.append(slot)
-            if self._sweep is None:
-                self._sweep = loop.call_at(deadline, self._expire_due, loop)
-        self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._settled, e, slot))
-
-    def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Expire every sender whose deadline has come; wake again at the next one."""
-        self._sweep = None
-        q, now = self._deadlines, loop.time()
-        while q and (q[0][1] is None or q[0][0] <= now):
-            _, task, e = q.popleft()
-            if task is not None:
-                self._expire(e, task)
-        if q:
-            self._sweep = loop.call_at(q[0][0], self._expire_due, loop)
-
-    def _settled(self, e: BatchEntry, slot: list[Any] | None, task: "asyncio.Task[Any]") -> None:
-        if slot is not None:
-            slot[1:] = (None, None)
-            q = self._deadlines
-            while q and q[0][1] is None:
-                q.popleft()
-            # The sweep timer stays armed when the queue empties: it fires at a deadline no later than any
-            # sender started since, and re-arms for the first one still running. At 1 in flight, arming and
-            # cancelling a timer per request was a heap push and a cancelled handle per request.
-        if task in self._expiring:  # past its deadline, unwound within the grace: a timeout all the same
-            self._expired(task)
-            return
-        if task not in self._tasks:  # left behind after its grace: its record is made
-            _retrieve(task)
-            return
-        self._tasks.discard(task)
-        if self._abandoning:  # a second stop: not recorded, even if it answered; --resume sends it again
-            _retrieve(task)
-            self.summary.abandoned += 1
-            self._release()
-            return
-        self._finish(e, _outcome(task))
-
-    def _expire(self, e: BatchEntry, task: "asyncio.Task[Any]") -> None:
-        if task.done():  # answered just in time: its settled callback is already queued
-            return
-        self._tasks.discard(task)
-        task.cancel()
-        grace = task.get_loop().call_later(CANCEL_GRACE_S, self._expired, task)
-        self._expiring[task] = (e, grace)
-
-    def _expired(self, task: "asyncio.Task[Any]") -> None:
-        """Record the timeout of a sender cancelled at its deadline: it unwound, or its grace ran out
-        (then it is left behind, a sender that ignores cancel)."""
-        held = self._expiring.pop(task, None)
-        if held is None:
-            return
-        e, grace = held
-        grace.cancel()
-        if task.done():
-            _retrieve(task)
-        endpoint = e.request.base_url if e.request is not None else None
-        self._finish(e, RequestTimeout(f"no answer within {self.deadline_s} s (the whole request); cancelled",
-                                       phase="total", limit_s=self.deadline_s, endpoint=endpoint))
-
-    def _finish(self, e: BatchEntry, outcome: Outcome) -> None:
-        try:
-            if isinstance(outcome, ValidationError):
-                self.summary.sent -= 1  # refused by validation before any byte went out
-            lines, kind = self._lines(e, outcome)
-            self._record(e.index, lines, kind)
-        except Exception as exc:  # the output itself failed: `run` raises it once every request settled
-            self._failures.append(exc)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        self._free += 1
-        self._pending -= 1
-        if self._held is not None and not self._parked:
-            self._fill()  # the slot takes the entry waiting for one
-        if self._pending == 0 and self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
-
     def _abandon(self) -> None:
         """Every request in flight is given up: not recorded, so --resume sends it again."""
         self._abandoning = True
-        for t in list(self._tasks):
+        for t in list(self._running):
             t.cancel()
-        for task, (_, grace) in list(self._expiring.items()):
+        for task, (f, grace) in list(self._expiring.items()):
             del self._expiring[task]
             grace.cancel()
             self.summary.abandoned += 1
-            self._release()
+            self.limiter.settled(f.ticket, None)
+        self._poke()
 
-    def _lines(self, e: BatchEntry, outcome: Outcome) -> tuple[list[str], str]:
+    def _lines(self, e: BatchEntry, outcome: Outcome,
+               attempts: list[dict[Keyword, Any]] | None = None) -> tuple[list[str], str]:
         """The record's text and its outcome; a record that cannot be rendered is an :internal one."""
         try:
             if isinstance(outcome, KotobaError):
-                lines, kind = self.recorder.failed(e, outcome), outcome.kind
+                lines, kind = self.recorder.failed(e, outcome, attempts), outcome.kind
             else:
                 resp, deltas = outcome
-                lines, kind = self.recorder.ok(e, resp, deltas), "ok"
+                lines, kind = self.recorder.ok(e, resp, deltas, attempts), "ok"
         except Exception as exc:
             err = InternalError.from_exception(exc, during="while writing the record")
             lines, kind = self.recorder.failed(attrs.evolve(e, request=None), err), err.kind
         return [_writable(line) for line in lines], kind
 
-    def _fill(self) -> bool:
-        """Take up entries in input order while a slot is free: record those with nothing to send, start the
-        others. Stops at an entry that waits (for a slot: the slot's release calls this again; for the window:
-        `run` waits for the output, then calls this), or at the input's end or a stop (then `run` is woken).
-        True while there is input left to take up."""
-        if self._filling or self._entries is None:
-            return self._entries is not None
-        self._filling = True
-        ex = self.existing
-        try:
-            while True:
-                e = self._held
-                if e is None:
-                    e = next(self._entries, None)
-                    if e is None:
-                        self._entries = None
-                        break
-                else:
-                    self._held = None
-                if self._stop.is_set():
-                    self.summary.stopped_at = e.index
-                    self._entries = None
-                    break
-                if e.index in ex.done:
-                    self.summary.already_done += 1
-                    continue  # the sink skips it
-                journaled = ex.journal.pop(e.index, None)
-                if journaled is not None:
-                    self.summary.from_journal += 1
-                    self._record(e.index, journaled[0], journaled[1], journaled=True)
-                    continue
-                if not e.sendable:
-                    self._record(e.index, self.recorder.invalid(e), "validation")
-                    continue
-                if e.index - self.sink.next >= self.window or not self._free:
-                    self._held = e  # the window is full (`run` waits for the output) or every slot is taken
-                    if not self._free:
-                        return True
-                    break
-                self._free -= 1
-                self.summary.sent += 1
-                self._start(e)
-                # No yield while slots are free: yielding once per entry fed one request per event-loop turn,
-                # so at high concurrency the window drained to ~20 in flight.
-        except EdnError as err:  # the input stopped reading as a whole (e.g. an unclosed vector)
-            self.summary.input_error = str(err)
-            self._stop.set()
-            self._entries = None
-        except Exception as err:  # the reader itself failed: say so, keep every record already made
-            self.summary.input_error = str(InternalError.from_exception(err, during="while reading the input"))
-            self._stop.set()
-            self._entries = None
-        finally:
-            self._filling = False
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
-        return self._entries is not None
 
-    async def run(self, entries: Iterable[BatchEntry]) -> BatchSummary:
-        started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        self._entries = iter(entries)
-        try:
-            while True:
-                self._wake = loop.create_future()
-                if not self._fill():
-                    break
-                if self._held is not None and self._free:  # the window is full: wait for the output
-                    self._parked = True
-                    await self.sink.wait_window(self._held.index, self.window, self._stop)
-                    self._parked = False
-                    continue
-                await self._wake  # freed slots take up the entries until the input ends or the window fills
-        finally:
-            self._entries = None  # nothing more is taken up, whatever ended the run
-            self._wake = None
-            try:
-                while self._pending:
-                    self._idle = loop.create_future()
-                    await self._idle
-            except asyncio.CancelledError:  # the run itself is cancelled: what is in flight is abandoned
-                self._abandon()
-                raise
-            if self._sweep is not None:
-                self._sweep.cancel()
-                self._sweep = None
-            failures = self._failures
-            self.sink.close(keep_journal=bool(self.existing.journal))
-            self.summary.elapsed_s = time.perf_counter() - started
-        if failures:  # the output itself failed (disk full ...): the run cannot claim its records
-            raise failures[0]
-        return self.summary
+def _attempt(e: BatchEntry, outcome: Outcome) -> dict[Keyword, Any]:
+    """One attempt of a request that was rejected at admission at least once: when it ended, where, how."""
+    at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if isinstance(outcome, KotobaError):
+        member = outcome.endpoint
+        out: dict[Keyword, Any] = {K_AT: at, K_MEMBER: member, K_OUTCOME: kw(outcome.kind)}
+        if isinstance(outcome, AdmissionRejected):
+            out[K_REASON] = outcome.reason
+            out[K_RETRY_AFTER] = outcome.retry_after_s
+        return out
+    resp = outcome[0] if isinstance(outcome, tuple) and outcome else None
+    member = getattr(resp, "extras", {}).get("pool/member") or getattr(resp, "endpoint_url", None)
+    return {K_AT: at, K_MEMBER: member, K_OUTCOME: kw("ok")}
+
+
+def _cancel_timer(timer: asyncio.TimerHandle) -> Callable[["asyncio.Future[None]"], None]:
+    return lambda _: timer.cancel()
+
+
+def _resolve(f: "asyncio.Future[None]") -> None:
+    if not f.done():
+        f.set_result(None)
 
 
 def _outcome(task: "asyncio.Task[Any]") -> Outcome:

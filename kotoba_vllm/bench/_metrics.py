@@ -2,7 +2,11 @@
 
 llama.cpp (`--metrics`): `llamacpp:prompt_tokens_total`, `llamacpp:prompt_seconds_total`,
 `llamacpp:tokens_predicted_total`, `llamacpp:tokens_predicted_seconds_total` — the same per-request
-prompt/predicted times its `timings` report, summed. vLLM (names as vLLM 0.33.0's own Prometheus
+prompt/predicted times its `timings` report, summed. Its predicted-token counter includes each request's
+first token, which comes out of the prefill (its own rates count n - 1 decode steps per request, and it
+exports no request count): bench takes one token per answer it read from that server off it. Its rate
+gauges (`llamacpp:predicted_tokens_seconds`) are not used: each scrape resets their window, and a pool's
+capacity probes scrape /metrics during the run. vLLM (names as vLLM 0.33.0's own Prometheus
 loggers export them, recorded in tests/cassettes/vllm/metrics*.edn): `vllm:prompt_tokens_total` over
 the `_sum` of `vllm:request_prefill_time_seconds` (scheduled -> first token); decode is
 `vllm:generation_tokens_total` less one first token per request (`vllm:request_decode_time_seconds_count`)
@@ -46,6 +50,9 @@ COUNTERS: dict[str, dict[str, tuple[Terms, Terms]]] = {
                           ((1, "sglang:e2e_request_latency_seconds_sum"),
                            (-1, "sglang:time_to_first_token_seconds_sum")))},
 }
+# Engines whose decode token counter includes each request's first token and that export no request count:
+# bench subtracts one per answer it read from the server.
+FIRST_TOKEN_COUNTED = frozenset({"llamacpp"})
 # The server's own time-to-first-token histogram (seconds), where bench compares its mean over the run.
 TTFT_HISTOGRAM: dict[str, str] = {"vllm": "vllm:time_to_first_token_seconds"}
 # Counters a server creates on first use (prometheus labels): absent means zero, not unknown. SGLang
@@ -73,9 +80,14 @@ def parse_counters(text: str) -> dict[str, float]:
 
 @attrs.frozen
 class Rate:
+    """Token and second deltas over the run and their quotient, worked out here from the server's
+    counters (`source` says how)."""
+
     tokens: float | None
     seconds: float | None
     tokens_per_s: float | None
+    provenance: str = "computed"
+    source: str = "counter deltas"
 
 
 @attrs.frozen
@@ -98,7 +110,7 @@ class ServerRates:
     ttft: Mean | None = None  # the server's own TTFT, where it exports one (vLLM)
 
 
-NONE = Rate(None, None, None)
+NONE = Rate(None, None, None, "unavailable", "none")
 
 
 def unavailable(problem: str) -> ServerRates:
@@ -124,7 +136,17 @@ def _mean_ms(before: Mapping[str, float], after: Mapping[str, float], histogram:
     return Mean(round((after[s] - before[s]) * 1000.0 / n, 3) if n > 0 else None, n)
 
 
-def server_rates(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> ServerRates:
+def _less_first_tokens(r: Rate, answers: int | None) -> Rate:
+    if answers is None or r.tokens is None or r.seconds is None:
+        return attrs.evolve(r, source="counter deltas (each request's first token included)")
+    steps = r.tokens - answers
+    rate = round(steps / r.seconds, 3) if r.seconds > 0 and steps >= 0 else None
+    return Rate(round(steps, 3), r.seconds, rate, source=f"counter deltas less one first token per answer ({answers})")
+
+
+def server_rates(before: Mapping[str, float] | None, after: Mapping[str, float] | None,
+                 answers: int | None = None) -> ServerRates:
+    """`answers`: how many answers bench read from this server between the two reads (see FIRST_TOKEN_COUNTED)."""
     if before is None or after is None:
         return unavailable("metrics endpoint not readable before and after the run")
     for engine, pairs in COUNTERS.items():
@@ -135,6 +157,8 @@ def server_rates(before: Mapping[str, float] | None, after: Mapping[str, float] 
             if any(after.get(n, 0.0) < before.get(n, 0.0) for n in names):
                 return unavailable("counters went backwards (server restarted during the run)")
             rates = {k: _delta(before, after, *pair) for k, pair in pairs.items()}
+            if engine in FIRST_TOKEN_COUNTED:
+                rates["decode"] = _less_first_tokens(rates["decode"], answers)
             return ServerRates(engine, rates["prefill"], rates["decode"], note=NOTES.get(engine),
                                ttft=_mean_ms(before, after, TTFT_HISTOGRAM.get(engine)))
     return unavailable("no known prefill/decode counters in the metrics")

@@ -27,11 +27,16 @@ def _dist(d: Dist) -> dict[Any, Any]:
 
 def _pooled(p: Pooled) -> dict[Any, Any]:
     return _k({"vllm/tokens": p.tokens, "vllm/ms": p.ms, "vllm/tokens-per-s": p.tokens_per_s,
-               "bench/n": p.n, PROV: kw(p.provenance)})
+               "bench/n": p.n, PROV: kw(p.provenance), "bench/inputs": kw(p.inputs)})
+
+
+def _pooled_label(p: Pooled) -> str:
+    return f"computed from {p.inputs} figures" if p.provenance == "computed" else p.provenance
 
 
 def _rate(r: Rate) -> dict[Any, Any]:
-    return _k({"vllm/tokens": r.tokens, "bench/seconds": r.seconds, "vllm/tokens-per-s": r.tokens_per_s})
+    return _k({"vllm/tokens": r.tokens, "bench/seconds": r.seconds, "vllm/tokens-per-s": r.tokens_per_s,
+               PROV: kw(r.provenance), "bench/rate-source": r.source})
 
 
 def _ratio(ours: float | None, theirs: float | None) -> float | None:
@@ -43,7 +48,7 @@ def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Any, Any]
         return None
     if s.problem is not None:
         return _k({PROV: kw("unavailable"), "bench/problem": s.problem})
-    out = {PROV: kw("server-reported"), "bench/source": f"{s.engine} /metrics counter deltas over the run",
+    out = {"bench/source": f"{s.engine} /metrics read before and after the run",
            "bench/prefill": _rate(s.prefill), "bench/decode": _rate(s.decode)}
     if s.ttft is not None:  # the server's own histogram: arrival -> first token, mean over the run
         out["bench/ttft-ms"] = _k({"bench/mean": s.ttft.ms, "bench/n": s.ttft.n})
@@ -159,11 +164,11 @@ def render_table(report: BenchReport) -> str:
         sp = sv.prefill.tokens_per_s if sv and not sv.problem else None
         sd = sv.decode.tokens_per_s if sv and not sv.problem else None
         lines.append("  rates over the run (sum tokens / sum time):")
-        lines.append(f"    prefill  {_f(s.prefill.tokens_per_s)} tok/s [{s.prefill.provenance}]"
-                     + (f"   server /metrics {_f(sp)} tok/s" if sv and not sv.problem else "")
+        lines.append(f"    prefill  {_f(s.prefill.tokens_per_s)} tok/s [{_pooled_label(s.prefill)}]"
+                     + (f"   server /metrics {_f(sp)} tok/s [{sv.prefill.source}]" if sv and not sv.problem else "")
                      + _agree(s.prefill.tokens_per_s, sp))
-        lines.append(f"    decode   {_f(s.decode.tokens_per_s)} tok/s [{s.decode.provenance}]"
-                     + (f"   server /metrics {_f(sd)} tok/s" if sv and not sv.problem else "")
+        lines.append(f"    decode   {_f(s.decode.tokens_per_s)} tok/s [{_pooled_label(s.decode)}]"
+                     + (f"   server /metrics {_f(sd)} tok/s [{sv.decode.source}]" if sv and not sv.problem else "")
                      + _agree(s.decode.tokens_per_s, sd))
         if sv is not None and sv.problem:
             lines.append(f"    server /metrics: unavailable ({sv.problem})")

@@ -153,9 +153,11 @@ async def run_async(config: BenchConfig, *, progress: bool = True) -> BenchRepor
                             bar.update(1)
                             return s
 
-                        samples.extend(await asyncio.gather(*(go(i) for i in range(config.requests))))
+                        batch = await asyncio.gather(*(go(i) for i in range(config.requests)))
+                        samples.extend(batch)
                         for u in servers:
-                            server[(target, u, conc)] = server_rates(before[u], await _read_metrics(http, u)) \
+                            server[(target, u, conc)] = server_rates(before[u], await _read_metrics(http, u),
+                                                                     _answers_from(batch, u)) \
                                 if config.read_metrics else unavailable("not read (--no-metrics)")
             finally:
                 bar.close()
@@ -166,6 +168,12 @@ async def run_async(config: BenchConfig, *, progress: bool = True) -> BenchRepor
     summaries = [attrs.evolve(s, server=server.get((s.target, s.endpoint, s.concurrency))) for s in summarize(samples)]
     return BenchReport(config=config, started_at=started_at, samples=tuple(samples), summaries=tuple(summaries),
                        server=server, differing=differing_endpoints(samples))
+
+
+def _answers_from(batch: Sequence[Sample], server: str) -> int:
+    """Answers with tokens that `server` gave in this batch: each had a first token its counter includes."""
+    u = server.rstrip("/")
+    return sum(1 for s in batch if s.ok and (s.answered_by or "").rstrip("/") == u and (s.completion_tokens or 0) > 0)
 
 
 def run(config: BenchConfig, *, progress: bool = True) -> BenchReport:

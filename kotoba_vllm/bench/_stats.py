@@ -78,10 +78,10 @@ def sample_from_response(target: str, concurrency: int, started: float, finished
     completion = usage.completion_tokens if usage and usage.completion_tokens is not None else (
         dec.tokens if dec else None)
     gaps = tuple(t.inter_token.gaps_ms or ()) if t else ()
-    # Tokens over the decode span: a client-measured span runs from the first token to the last,
-    # so it covers n - 1 tokens (the same count its rate uses); a server's own figure stands as is.
+    # Tokens over the decode span: every engine's span, like the client's, runs from the first token to the
+    # last, so it covers n - 1 tokens (the first comes out of the prefill; llama.cpp's own rates count so too).
     dec_tokens = dec.tokens if dec else None
-    if dec is not None and dec.provenance == "client-measured" and dec_tokens is not None:
+    if dec_tokens is not None:
         dec_tokens = dec_tokens - 1 if dec_tokens > 1 else None
     return Sample(
         target=target, concurrency=concurrency, started=started, finished=finished,
@@ -135,13 +135,16 @@ def dist(values: Iterable[float | None], provenances: Iterable[str] | None = Non
 @attrs.frozen
 class Pooled:
     """sum(tokens) / sum(ms) over the requests that reported both: comparable with a server's
-    own counters (llama.cpp /metrics sums the same per-request times)."""
+    own counters (llama.cpp /metrics sums the same per-request times). Worked out here, so its
+    provenance is `computed` over server-reported figures (`inputs`); over this client's own clock
+    it stays `client-measured`."""
 
     tokens: int | None
     ms: float | None
     tokens_per_s: float | None
     n: int
     provenance: str
+    inputs: str = UNAVAILABLE  # the provenance of the per-request figures summed
 
 
 def pooled(pairs: Iterable[tuple[int | None, float | None, str]]) -> Pooled:
@@ -154,7 +157,8 @@ def pooled(pairs: Iterable[tuple[int | None, float | None, str]]) -> Pooled:
     if n == 0:
         return Pooled(None, None, None, 0, UNAVAILABLE)
     rate = round(tok * 1000.0 / ms, 3) if ms > 0 else None
-    return Pooled(tok, round(ms, 3), rate, n, provs.pop() if len(provs) == 1 else "mixed")
+    inputs = provs.pop() if len(provs) == 1 else "mixed"
+    return Pooled(tok, round(ms, 3), rate, n, "client-measured" if inputs == "client-measured" else "computed", inputs)
 
 
 @attrs.frozen

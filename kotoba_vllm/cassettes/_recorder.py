@@ -23,7 +23,7 @@ from .._requests import request_from_edn
 from ._format import KEPT_HEADERS, Cassette, write_cassette
 from ..dialects import get_dialect
 from ..local import LlamaServer, build_string
-from ..server_config import redacted_body
+from ..server_config import config_paths, redacted_body
 from ._expect import expect_for
 
 RECORD_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
@@ -101,6 +101,13 @@ def llamacpp_exchanges(embeddings: bool = True) -> list[Exchange]:
         Exchange("metrics", "probe", method="GET", path="/metrics"),
     ]
     return out
+
+
+def config_exchanges(engine: str) -> list[Exchange]:
+    """What `inspect` asks an engine (server_config CONFIG_PATHS), one probe each: `config-version`,
+    `config-v1-models`, ... A server's secrets in them are redacted by `record` as in every set."""
+    return [Exchange("config-" + p.strip("/").replace("/", "-").replace("_", "-"), "probe", method="GET", path=p)
+            for p in config_paths(engine)]
 
 
 def engine_exchanges(engine: str, model: str) -> list[Exchange]:

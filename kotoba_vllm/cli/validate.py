@@ -8,6 +8,7 @@ import sys
 from .._edn import EdnError, kw
 from .._validate import validate
 from ..dialects import DIALECTS
+from ..batch import with_request_ids
 from ._common import emit, iter_request_entries
 
 HELP = "Check request files: ranges, unknown keys, and what the chosen engine honours. Exit 1 on any error."
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for path in args.files:
         try:
-            for entry in iter_request_entries(path):  # streamed: a 1,000,000-request file in flat memory
+            for entry in with_request_ids(iter_request_entries(path)):  # streamed: a 1,000,000-request file in flat memory
                 problems = list(entry.problems)
                 if entry.request is not None:
                     problems += entry.located(validate(entry.request, args.backend))

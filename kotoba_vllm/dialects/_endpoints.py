@@ -69,20 +69,21 @@ def endpoint_refusal(engine: str, ep: str) -> Problem:
     return Problem("error", "engine/endpoint", msg, field="vllm/endpoint", engine=engine)
 
 
-# embedding option attr -> its EDN key
-EMBEDDING_OPTIONS = {"dimensions": "vllm/dimensions", "encoding_format": "vllm/encoding-format"}
+# option attr -> (its EDN key, the endpoint that has it)
+OPTIONS = {"dimensions": ("vllm/dimensions", "embedding"), "encoding_format": ("vllm/encoding-format", "embedding"),
+           "top_n": ("vllm/top-n", "rerank")}
 
 
 def option_problems(engine: str, req: Request, honoured: frozenset[str]) -> list[Problem]:
     """Engine-side checks of the new requests' options: an option the engine would ignore, a value it refuses."""
     out: list[Problem] = []
+    for attr, (key, ep) in OPTIONS.items():
+        value = getattr(req, attr, None) if req.endpoint == ep else None
+        # float is every engine's default: asking for it is never ignored
+        if value is not None and attr not in honoured and value != "float":
+            out.append(Problem("error", "engine/unsupported", f"{engine} does not honour :{key} on the {ep} "
+                               "route; it would be ignored", field=key, engine=engine))
     if isinstance(req, EmbeddingRequest):
-        for attr, key in EMBEDDING_OPTIONS.items():
-            value = getattr(req, attr)
-            # float is every engine's default: asking for it is never ignored
-            if value is not None and attr not in honoured and value != "float":
-                out.append(Problem("error", "engine/unsupported", f"{engine} does not honour :{key} on the "
-                                   "embedding route; it would be ignored", field=key, engine=engine))
         if req.dimensions is not None and req.dimensions < 1:
             out.append(Problem("error", "request/range", f":vllm/dimensions {req.dimensions} must be at least 1",
                                field="vllm/dimensions"))

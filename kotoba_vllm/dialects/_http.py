@@ -17,15 +17,20 @@ from .._errors import AdmissionRejected, BadRequest, NotReady, ServerError, Serv
 
 @attrs.frozen
 class HttpRequest:
-    """What goes on the wire: method, path, JSON body (None for GET), and whether it streams."""
+    """What goes on the wire: method, path, JSON body (None for GET), whether it streams, and the
+    request's own headers (its id, a pass-through) on top of the client's."""
 
     method: str
     path: str
     body: dict[str, Any] | None = None
     stream: bool = False
+    headers: dict[str, str] | None = None
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "body": self.body}
+        out = {"method": self.method, "path": self.path, "body": self.body}
+        if self.headers:
+            out["headers"] = self.headers
+        return out
 
     def to_edn(self) -> dict[Keyword, Any]:
         out: dict[Keyword, Any] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
@@ -33,6 +38,8 @@ class HttpRequest:
             out[kw("http/body")] = json_to_edn(self.body)
         if self.stream:
             out[kw("http/stream?")] = True
+        if self.headers:
+            out[kw("http/headers")] = dict(self.headers)
         return out
 
 
@@ -67,6 +74,8 @@ def error_object(body: Any) -> dict[str, Any] | None:
         return {"message": err}
     if body.get("object") == "error":
         return body
+    if body.get("success") is False and isinstance(body.get("error_message"), str):  # SGLang's control answers
+        return {"message": body["error_message"]}
     if "detail" in body and len(body) <= 2:
         detail = body["detail"]
         return {"message": detail if isinstance(detail, str) else json.dumps(detail)}
@@ -132,6 +141,45 @@ def decode_json(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
         return None
+
+
+class _TooWide:
+    """An integer past Python's digit limit (`sys.get_int_max_str_digits()`, 4,300 by default)."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _int_or_too_wide(text: str) -> int | _TooWide:
+    try:
+        return int(text)
+    except ValueError:
+        return _TooWide(len(text.lstrip("-")))
+
+
+def decode_json_refusing_wide_ints(raw: bytes) -> tuple[Any, list[str]]:
+    """JSON whose only fault is an integer too wide for Python to read: each such number is refused
+    by field (None in its place) and named (`usage.prompt_tokens: an integer of 10000 digits`), the
+    rest of the answer kept. (None, []) when the text is not JSON for another reason."""
+    try:
+        obj = json.loads(raw.decode("utf-8", "replace"), parse_int=_int_or_too_wide)
+    except (ValueError, RecursionError):
+        return None, []
+    refused: list[str] = []
+
+    def walk(v: Any, where: str) -> Any:
+        if isinstance(v, _TooWide):
+            refused.append(f"{where or '(the answer)'}: an integer of {v.digits} digits, refused")
+            return None
+        if isinstance(v, dict):
+            return {k: walk(x, f"{where}.{k}" if where else k) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return v
+
+    return walk(obj, ""), refused
 
 
 QUEUE_FULL_MARKERS = ("request queue is full", "queue is full")

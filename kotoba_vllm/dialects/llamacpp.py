@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from .._codec import edn_to_json, json_to_edn
+from .._fields import render_fields
+from .._codec import json_to_edn
 from .._errors import ProtocolError, ValidationError
 from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
                       TokenizeRequest, Usage)
@@ -89,23 +90,12 @@ class LlamacppDialect(Dialect):
         "slot": "/slots/{slot_id}",  # with --slot-save-path only
     }
     health_path: ClassVar[str] = "/health"
-    embedding_options: ClassVar[frozenset[str]] = frozenset({"encoding_format"})  # no dimensions
+    # the content part types its chat parser takes (read from its code)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "input-audio", "input-video", "video-url"})
+    endpoint_options: ClassVar[frozenset[str]] = frozenset({"encoding_format", "top_n"})  # no dimensions
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {
         "chat": LLAMACPP_SAMPLING, "completion": LLAMACPP_SAMPLING, "generate": LLAMACPP_SAMPLING}
     wire_names: ClassVar[dict[str, dict[str, str]]] = {"chat": RENAMES, "completion": RENAMES}
-    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {
-        "llamacpp/cache-prompt": ("cache_prompt", ALL_ROUTES),
-        "llamacpp/id-slot": ("id_slot", ALL_ROUTES),
-        "llamacpp/grammar": ("grammar", ALL_ROUTES),
-        "llamacpp/n-keep": ("n_keep", ALL_ROUTES),
-        "llamacpp/n-probs": ("n_probs", frozenset({"generate"})),
-        "llamacpp/return-tokens": ("return_tokens", frozenset({"generate"})),
-        "llamacpp/timings-per-token": ("timings_per_token", ALL_ROUTES),
-        "llamacpp/typical-p": ("typical_p", ALL_ROUTES),
-        "llamacpp/mirostat": ("mirostat", ALL_ROUTES),
-        "llamacpp/samplers": ("samplers", ALL_ROUTES),
-    }
-
     def problems(self, req: Request) -> list[Problem]:
         out = super().problems(req)
         s: Sampling | None = getattr(req, "sampling", None)
@@ -152,8 +142,8 @@ class LlamacppDialect(Dialect):
             grammar = structured_grammar(s)
             if grammar is not None:
                 body["grammar"] = grammar
-        for key, value in req.extras.items():
-            body[self.extras[key][0]] = edn_to_json(value)
+        if req.extras:
+            render_fields(self.name, "generate", req.extras, body)
         if req.stream:
             body["stream"] = True
         return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))

@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, ClassVar
 
+import attrs
+
+from .._fields import (EXTRA_BODY, engine_problems, extra_headers, fields_on, merge_extra_body, part_problems,
+                       render_fields)
 from .._codec import edn_to_json, json_to_edn
-from .._errors import ProtocolError
+from .._errors import ProtocolError, ValidationError
 from .._memo import IdentityMemo
 from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                       EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
@@ -43,11 +47,14 @@ class Dialect:
         "chat": OPENAI_SAMPLING, "completion": OPENAI_SAMPLING - {"guided_json"}}
     # sampling attr -> wire name, where this engine's name differs from the OpenAI one
     wire_names: ClassVar[dict[str, dict[str, str]]] = {}
-    # engine extras this dialect accepts: EDN key name -> (wire name, endpoints)
-    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {}
     streams_usage: ClassVar[bool] = True  # send stream_options.include_usage
-    # /v1/embeddings options this engine applies (OpenAI's own API has both)
-    embedding_options: ClassVar[frozenset[str]] = frozenset({"dimensions", "encoding_format"})
+    # where the request id goes: a body field (vLLM `request_id`, SGLang `rid`) and/or the X-Request-Id header
+    request_id_field: ClassVar[str | None] = None
+    request_id_header: ClassVar[bool] = True
+    # content part types this engine's chat route takes (OpenAI: text, images, inline audio)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "input-audio"})
+    # options of the pooling endpoints this engine applies (`_endpoints.OPTIONS`; OpenAI's embeddings have both)
+    endpoint_options: ClassVar[frozenset[str]] = frozenset({"dimensions", "encoding_format", "top_n"})
     # endpoints whose 2xx answer may be text, or nothing, rather than JSON
     text_answers: ClassVar[frozenset[str]] = CONTROL_ENDPOINTS
 
@@ -60,7 +67,7 @@ class Dialect:
             out.append(endpoint_refusal(self.name, ep))
             return out
         if ep in ENDPOINTS_HERE or ep == "embedding":
-            out.extend(option_problems(self.name, req, self.embedding_options))
+            out.extend(option_problems(self.name, req, self.endpoint_options))
         sampling: Sampling | None = getattr(req, "sampling", None)
         supported = self.sampling_support.get(ep, frozenset())
         honoured = _SUPPORTED.get(sampling) if sampling is not None else None
@@ -73,20 +80,53 @@ class Dialect:
                                        field=knob.key, engine=self.name))
             if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
                 (honoured if honoured is not None else _SUPPORTED.keep(sampling, set())).add((self, ep))
-        for key in req.extras:
-            spec = self.extras.get(key)
-            if spec is None or ep not in spec[1]:
-                out.append(Problem("error", "engine/unsupported", f":{key} is not a {self.name} option on the {ep} "
-                                   f"route", field=key, engine=self.name))
+        if isinstance(req, ChatRequest):
+            out.extend(part_problems(req, self.name, self.part_types))
+        if req.extras:
+            out.extend(engine_problems(self.name, ep, req.extras))
+            if EXTRA_BODY in req.extras and not any(p.is_error for p in out):
+                out.extend(Problem("error", "request/pass-through", f":{EXTRA_BODY} {k!r} would replace the "
+                                   f"{k!r} the SDK renders for {self.name}; set it with its own key instead",
+                                   field=EXTRA_BODY, engine=self.name)
+                           for k in self._clashes(req))
         return out
+
+    def _clashes(self, req: Request) -> list[str]:
+        body = self.render_core(req)
+        if body.body is None:
+            return []
+        return merge_extra_body(req.extras, dict(body.body), *self.sampling_params_of(body))
 
     # ------------------------------------------------------------ rendering
 
     def render(self, req: Request) -> HttpRequest:
+        """The request on this engine's wire: the route, the JSON body with every field rendered, the
+        pass-through merged (never over a rendered key) and the request's own headers."""
+        http = self.render_core(req)
+        if req.request_id is not None or req.extras:
+            headers = extra_headers(req.extras) if req.extras else {}
+            if req.request_id is not None and self.request_id_header:
+                headers["x-request-id"] = str(req.request_id)
+            if EXTRA_BODY in req.extras and http.body is not None:
+                clashes = merge_extra_body(req.extras, http.body, *self.sampling_params_of(http))
+                if clashes:
+                    raise ValidationError([Problem("error", "request/pass-through", f":{EXTRA_BODY} {k!r} "
+                                                   f"would replace the {k!r} the SDK renders", field=EXTRA_BODY,
+                                                   engine=self.name) for k in clashes])
+            if headers:
+                http = attrs.evolve(http, headers=headers)
+        return http
+
+    def sampling_params_of(self, http: HttpRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
+        """Where pass-through sampling keys go on this route (SGLang `/generate`: `sampling_params`), and their names."""
+        return None, frozenset()
+
+    def render_core(self, req: Request) -> HttpRequest:
         ep = req.endpoint
         path = self.routes[ep]
         if ep in ENDPOINTS_HERE:
-            return render_endpoint(req, self.routes, self.extras)
+            return render_endpoint(req, self.routes, {k: (o.wire, o.routes) for k, (_, o) in
+                                                      fields_on(self.name).items()})
         body: dict[str, Any] = {}
         if req.model is not None:
             body["model"] = req.model
@@ -113,12 +153,14 @@ class Dialect:
         stream = bool(req.stream)
         if req.sampling is not None:
             body.update(self.sampling_body(req.sampling, ep))
-        for key, value in req.extras.items():
-            body[self.extras[key][0]] = edn_to_json(value)
         if stream:
             body["stream"] = True
             if self.streams_usage:
                 body["stream_options"] = {"include_usage": True}
+        if req.request_id is not None and self.request_id_field is not None:
+            body[self.request_id_field] = str(req.request_id)
+        if req.extras:
+            render_fields(self.name, ep, req.extras, body)
         return HttpRequest("POST", path, body, stream)
 
     def render_message(self, m: Message) -> dict[str, Any]:
@@ -132,12 +174,17 @@ class Dialect:
             for p in m.content:
                 if p.type == "text":
                     parts.append({"type": "text", "text": p.text or ""})
-                else:
-                    wire = p.type.replace("-", "_")
-                    inner: dict[str, Any] = {"url": p.url}
-                    if p.detail is not None:
-                        inner["detail"] = p.detail
-                    parts.append({"type": wire, wire: inner})
+                    continue
+                wire = p.type.replace("-", "_")
+                if p.type == "image-embeds":
+                    parts.append({"type": wire, wire: p.data})
+                    continue
+                inner: dict[str, Any] = {}
+                for name in ("url", "data", "format", "detail"):
+                    v = getattr(p, name)
+                    if v is not None:
+                        inner[name] = v
+                parts.append({"type": wire, wire: inner})
             out["content"] = parts
         if m.name is not None:
             out["name"] = m.name

@@ -15,9 +15,11 @@ import json
 import re
 from typing import Any, ClassVar
 
+from .._fields import render_fields
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
 from .._model import Choice, GenerateRequest, Request, Response, Sampling, StreamDelta, Usage
+from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, sglang_server_timings
 from .openai import ChunkStream, Dialect, int_or_none, reason_text, schema_json, str_or_none
 from ._http import HttpRequest, ServerError, stream_error
@@ -29,6 +31,13 @@ SGLANG_NATIVE_SAMPLING = SGLANG_OPENAI_SAMPLING - {"n"}
 
 # sampling attr -> key inside /generate's sampling_params
 NATIVE_NAMES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
+# The keys SGLang 0.5.23's SamplingParams takes (schemas/engine-fields/sglang-0.5.23.edn): a pass-through key
+# named here goes inside /generate's sampling_params, any other at the top level of the body.
+SAMPLING_PARAM_NAMES = frozenset({
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "beam_width", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "watermark"})
 
 
 def choice_regex(choices: tuple[str, ...]) -> str:
@@ -52,17 +61,26 @@ class SglangDialect(Dialect):
         "cache-reset": "/flush_cache",  # refused (400, text) while requests run or wait
     }
     health_path: ClassVar[str] = "/health"
-    # Its serving_embedding builds each answer from the embedding alone: dimensions and base64 are not applied.
-    embedding_options: ClassVar[frozenset[str]] = frozenset()
+    # the content part types its chat parser takes (read from its code)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "audio-url", "video-url", "input-audio"})
+    # Read from its serving_embedding / serving_rerank: each embedding answer is built from the vector alone
+    # (no dimensions, no base64), every document is ranked and returned (no top_n).
+    endpoint_options: ClassVar[frozenset[str]] = frozenset()
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {
         "chat": SGLANG_OPENAI_SAMPLING, "completion": SGLANG_OPENAI_SAMPLING, "generate": SGLANG_NATIVE_SAMPLING}
-    extras: ClassVar[dict[str, tuple[str, frozenset[str]]]] = {
-        "sglang/rid": ("rid", frozenset({"generate", "chat", "completion"})),
-        "sglang/lora-path": ("lora_path", frozenset({"generate", "chat", "completion"})),
-        "sglang/return-text-in-logprobs": ("return_text_in_logprobs", frozenset({"generate"})),
-        "sglang/separate-reasoning": ("separate_reasoning", frozenset({"chat"})),
-        "sglang/ebnf": ("ebnf", frozenset({"chat", "completion"})),
-    }
+    request_id_field: ClassVar[str | None] = "rid"
+
+    def problems(self, req: Request) -> list[Problem]:
+        out = super().problems(req)
+        if req.request_id is not None and "sglang/rid" in req.extras:
+            out.append(Problem("error", "request/conflict", ":vllm/request-id already sets SGLang's rid; drop "
+                               ":sglang/rid", field="sglang/rid", engine=self.name))
+        return out
+
+    def sampling_params_of(self, http: HttpRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
+        params = http.body.get("sampling_params") if http.body is not None and http.path == self.routes["generate"] \
+            else None
+        return (params, SAMPLING_PARAM_NAMES) if isinstance(params, dict) else (None, frozenset())
 
     def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
         if s.guided_json is not None:
@@ -100,8 +118,10 @@ class SglangDialect(Dialect):
                 if s.logprobs is not True:
                     body["top_logprobs_num"] = s.logprobs
         body["sampling_params"] = params
-        for key, value in req.extras.items():
-            body[self.extras[key][0]] = edn_to_json(value)
+        if req.request_id is not None:
+            body["rid"] = str(req.request_id)
+        if req.extras:
+            render_fields(self.name, "generate", req.extras, body, params)
         if req.stream:
             body["stream"] = True
         return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))

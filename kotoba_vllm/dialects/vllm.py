@@ -40,6 +40,10 @@ class VllmDialect(Dialect):
         "cache-reset": "/reset_prefix_cache",  # registered only with VLLM_SERVER_DEV_MODE=1
     }
     health_path: ClassVar[str] = "/health"
+    # the content part types its chat parser takes (read from its code)
+    part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "audio-url", "video-url",
+                                                     "input-audio", "image-embeds"})
+    request_id_field: ClassVar[str | None] = "request_id"  # vLLM reads X-Request-Id first, then this
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {"chat": VLLM_SAMPLING, "completion": VLLM_SAMPLING}
 
     def problems(self, req: Request) -> list[Problem]:

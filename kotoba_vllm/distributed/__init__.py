@@ -10,18 +10,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
+
+import httpx
 
 from .._edn import Edn, EdnError, read_file
 from .._problems import Problem
-from ._emit import Command, commands_to_edn, emit, flags_of, shell_lines
-from ._flags import EngineFlags, engine_flags
+from ..server_config import CONFIG_TIMEOUT, ServerConfig, server_configs
+from ._check import (DIFFERS, MATCHES, UNVERIFIABLE, PlanCheck, PropertyCheck, check_config, check_exit, check_plan,
+                     planned_properties)
+from ._emit import Command, commands_to_edn, emit, flags_of, shell_lines, unknown_flags
+from ._flags import CHECKED_ENGINES, EngineFlags, engine_flags
 from ._planner import (FAST_LINK_MBPS, NodePlan, Plan, choose_strategy, link_evidence, partition_layers,
                        plan, spans, usable_bytes)
 from ._spec import (DistSpec, LinkObservation, Locator, ModelSpec, NodeSpec, link_to_edn, spec_from_edn,
                     spec_to_edn, validate)
 
 __all__ = [
+    "CHECKED_ENGINES", "DIFFERS", "MATCHES", "PlanCheck", "PropertyCheck", "UNVERIFIABLE", "check_config", "check_exit",
+    "check_plan", "check_servers", "planned_properties", "unknown_flags",
     "Command", "DistSpec", "EngineFlags", "FAST_LINK_MBPS", "LinkObservation", "Locator", "ModelSpec",
     "NodePlan", "NodeSpec", "Plan", "choose_strategy", "commands_to_edn", "emit", "engine_flags",
     "flags_of", "link_evidence", "link_to_edn", "load_spec", "partition_layers", "plan", "plan_file",
@@ -57,3 +64,11 @@ def plan_file(path: str, engine: str | None = None) -> tuple[Plan | None, list[P
         return None, problems
     p, more = plan(spec, engine, where=loc)
     return p, problems + more
+
+
+def check_servers(p: Plan, urls: Sequence[str], *, headers: Mapping[str, str] | None = None,
+                  timeout: httpx.Timeout = CONFIG_TIMEOUT,
+                  configs: Sequence[ServerConfig] | None = None) -> list[PlanCheck]:
+    """Ask each server what it runs and hold it against the plan's own commands (one check per URL)."""
+    got = list(configs) if configs is not None else server_configs(urls, p.engine, headers=headers, timeout=timeout)
+    return check_plan(p, emit(p), got)

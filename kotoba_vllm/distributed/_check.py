@@ -15,7 +15,7 @@ import attrs
 
 from .._edn import Edn, Keyword, kw
 from ..server_config import ServerConfig
-from ._emit import LLAMACPP_NGRAM_SPEC, SGLANG_SPEC_ALGORITHMS, Command
+from ._emit import SGLANG_SPEC_ALGORITHMS, Command
 from ._planner import Plan
 
 MATCHES, DIFFERS, UNVERIFIABLE = "matches", "differs", "unverifiable"
@@ -132,8 +132,8 @@ def _norm_spec(v: Any) -> Any:
     if v is None:
         return None
     if isinstance(v, str):
-        parts = frozenset(p.strip().lower().replace("_", "-") for p in v.split(",") if p.strip())
-        return None if parts in (frozenset(), frozenset({"none"})) else parts
+        parts = frozenset(p.strip().lower().replace("_", "-") for p in v.split(",") if p.strip()) - {"none"}
+        return parts or None
     return v
 
 
@@ -141,8 +141,8 @@ def _planned_speculative(plan: Plan) -> Any:
     sp = plan.speculative
     if plan.engine == "sglang":
         return None if sp is None else SGLANG_SPEC_ALGORITHMS[sp.method]
-    if plan.engine == "llamacpp":
-        return None if sp is None else (LLAMACPP_NGRAM_SPEC if sp.method == "ngram" else "draft")
+    if plan.engine == "llamacpp":  # its slots say whether they speculate, not how
+        return sp is not None
     return None if sp is None else sp.method
 
 
@@ -158,7 +158,7 @@ FIELD_OF: dict[str, dict[str, str | None]] = {
     "data-parallel": {"sglang": "data-parallel"},
     "expert-parallel": {"sglang": "expert-parallel"},
     "nodes": {"sglang": "nodes"},
-    "speculative": {"llamacpp": "speculative-algorithm", "sglang": "speculative-algorithm"},
+    "speculative": {"llamacpp": "speculative?", "sglang": "speculative-algorithm"},
     "disaggregation-mode": {"sglang": "disaggregation-mode"},
     "rpc-workers": {},
 }
@@ -206,8 +206,6 @@ def _compare(prop: str, planned: Any, cfg: ServerConfig) -> PropertyCheck:
 def _same(prop: str, planned: Any, reported: Any, engine: str | None) -> bool:
     if prop != "speculative":
         return bool(planned == reported)
-    if engine == "llamacpp" and planned == "draft":  # a draft model shows as some speculative type, not "none"
-        return _norm_spec(reported) is not None
     return bool(_norm_spec(planned) == _norm_spec(reported))
 
 

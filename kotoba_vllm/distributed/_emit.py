@@ -94,14 +94,17 @@ def _llamacpp_speculative(plan: Plan) -> list[str]:
     sp = plan.speculative
     if sp is None:
         return []
-    n = str(sp.tokens or DEFAULT_SPEC_TOKENS)
-    if sp.method == "draft":
-        return ["--model-draft", sp.draft_model or "", "--draft-max", n]
-    return ["--spec-type", LLAMACPP_NGRAM_SPEC, "--draft-max", n]
+    out = ["--spec-type", LLAMACPP_SPEC_TYPES[sp.method]]
+    if sp.draft_model:
+        out += ["--spec-draft-model", sp.draft_model]
+    return out + ["--spec-draft-n-max", str(sp.tokens or DEFAULT_SPEC_TOKENS)]
 
 
-# What the seed's own llama-server ran: n-gram lookup in the prompt and its cache, no draft model.
+# llama-server --spec-type values (its own --help, schemas/engine-flags/llamacpp.edn) per :speculative/method;
+# n-grams as the seed's own server ran them: lookup in the prompt and in its cache, no draft model.
 LLAMACPP_NGRAM_SPEC = "ngram-cache,ngram-simple"
+LLAMACPP_SPEC_TYPES = {"ngram": LLAMACPP_NGRAM_SPEC, "draft": "draft-simple", "eagle3": "draft-eagle3",
+                       "mtp": "draft-mtp"}
 
 
 # ---------------------------------------------------------------- context and KV memory, per engine

@@ -7,6 +7,7 @@ renamed upstream shows up as a failing test instead of a launch that dies on a n
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -47,3 +48,36 @@ def engine_flags(engine: str, schema_dir: Path = SCHEMA_DIR) -> EngineFlags:
                        ":flags/flags [\"--flag\" ...]}", form.source, form.line, form.column)
     return EngineFlags(engine=name.name, version=version, source=source,
                        flags=frozenset(f for f in flags if isinstance(f, str)))
+
+
+_OPTION = re.compile(r"^-{1,2}[A-Za-z0-9][\w.-]*$")
+
+
+def parse_help_flags(text: str) -> tuple[list[str], list[str]]:
+    """(flags, removed flags) of a `llama-server --help` text. An option line starts at column 0 with
+    its names, comma-separated, then a value placeholder or the description; a line whose description
+    says "has been removed" names options the parser still knows only to refuse them."""
+    flags: set[str] = set()
+    removed: set[str] = set()
+    for line in text.splitlines():
+        if not line.startswith("-") or line.startswith("-----"):
+            continue
+        names = []
+        for tok in line.replace(",", " ").split():
+            if not _OPTION.match(tok):
+                break
+            names.append(tok)
+        (removed if "has been removed" in line else flags).update(names)
+    return sorted(flags), sorted(removed - flags)
+
+
+def render_flags_table(engine: str, version: str, source: str, how: str, flags: Sequence[str],
+                       removed: Sequence[str] = ()) -> str:
+    """The engine-flags EDN file, in the layout of the committed ones."""
+    quoted = "\n  ".join(f'"{f}"' for f in flags)
+    gone = " ".join(f'"{f}"' for f in removed)
+    return (f";; Flags defined by {engine}'s own argument parser, kept as data so a renamed\n"
+            ";; flag fails a test (tests/test_distributed_emit.py). Regenerate with scripts/llamacpp-flags;\n"
+            ";; do not hand-edit single flags.\n"
+            f'{{:flags/engine :{engine}\n :flags/version "{version}"\n :flags/source "{source}"\n'
+            f' :flags/how "{how}"\n :flags/removed [{gone}]\n :flags/flags\n [{quoted}]}}\n')

@@ -399,7 +399,8 @@ def _accelerator_layout(spec: DistSpec, eng: str, link_mbps: float, why: list[st
     if pd:
         dp = 1
         why.append("disaggregated: each node runs one instance of its role (" + ", ".join(
-            f"{x.name} {x.role}" for x in nodes) + ")")
+            f"{x.name} {x.role}" for x in nodes) + ")" + (f"; {g - tp} accelerator(s) a node left idle"
+                                                           if g > tp else ""))
     elif replica_nodes > 1:
         dp = max(1, n // replica_nodes)
     else:
@@ -480,9 +481,9 @@ def plan(spec: DistSpec, engine: str | None = None,
                                  "node/role", ("dist/nodes",), where))
     sp = spec.speculative
     if sp is not None:
-        if eng == "llamacpp" and sp.method not in ("ngram", "draft"):
-            problems.append(_problem("dist/engine-unsupported", f"llama.cpp speculates with a draft model or "
-                                     f"n-grams, not :{sp.method}", "speculative/method",
+        if eng == "llamacpp" and sp.method == "eagle":
+            problems.append(_problem("dist/engine-unsupported", "llama.cpp's --spec-type has draft-eagle3, not "
+                                     "EAGLE-1: use :eagle3", "speculative/method",
                                      ("dist/speculative", "speculative/method"), where))
         why.append(f"speculative decoding: {sp.method}" + (f" with draft {sp.draft_model}" if sp.draft_model else "")
                    + (f", {sp.tokens} tokens a step" if sp.tokens else ""))

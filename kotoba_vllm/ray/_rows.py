@@ -31,13 +31,16 @@ COLUMNS: dict[str, str] = {
     "prompt_tokens": "int64", "completion_tokens": "int64", "cached_tokens": "int64",
     "endpoint_url": "string", "backend": "string",
     "prefill_tokens": "int64", "prefill_ms": "float64", "prefill_tokens_per_s": "float64",
-    "prefill_provenance": "string",
+    "prefill_provenance": "string", "prefill_computed_from": "string",
     "decode_tokens": "int64", "decode_ms": "float64", "decode_tokens_per_s": "float64",
-    "decode_provenance": "string",
+    "decode_provenance": "string", "decode_computed_from": "string",
     "sent": "bool", "maybe_sent_twice": "bool", "record": "string",
+    # the run-batch JSONL line `run -o x.jsonl` writes for it (made when the output is JSONL, else null)
+    "batch_line": "string",
 }
 _BATCH_LINE_KEYS = ("custom_id", "method", "url", "body")
 _RECORDER = Recorder("edn")
+_LINES = Recorder("jsonl")
 
 
 def _drop_nulls(v: Any) -> Any:
@@ -126,6 +129,8 @@ def _figure(out: dict[str, Any], prefix: str, fig: Any) -> None:
     out[f"{prefix}_tokens"] = fig.tokens
     out[f"{prefix}_ms"] = fig.ms
     out[f"{prefix}_tokens_per_s"] = fig.tokens_per_s
+    # provenance "computed": the server's fields the numbers were worked out from
+    out[f"{prefix}_computed_from"] = ",".join(fig.computed_from) if fig.computed_from else None
 
 
 def ok_columns(e: BatchEntry, resp: Any) -> dict[str, Any]:
@@ -163,9 +168,25 @@ def invalid_columns(e: BatchEntry) -> dict[str, Any]:
     return out
 
 
+def batch_line(e: BatchEntry, outcome: Any) -> str:
+    """The run-batch JSONL line `run` writes for `e`: `outcome` is the response, the typed error, or None
+    (invalid: nothing was sent)."""
+    if outcome is None:
+        return _LINES.invalid(e)[-1]
+    if isinstance(outcome, KotobaError):
+        return _LINES.failed(e, outcome)[-1]
+    return _LINES.ok(e, outcome, [])[-1]
+
+
 def flag_maybe_sent_twice(cols: dict[str, Any]) -> dict[str, Any]:
     """Mark a record whose request an earlier attempt may already have delivered. The record is the text
-    of one EDN map, so the key goes in front of its first key."""
+    of one EDN map, so the key goes in front of its first key; the batch line says it in its `kotoba` object."""
     rec = cols["record"]
     assert isinstance(rec, str) and rec.startswith("{")
-    return {**cols, "maybe_sent_twice": True, "record": "{:vllm/maybe-sent-twice true " + rec[1:].lstrip()}
+    out = {**cols, "maybe_sent_twice": True, "record": "{:vllm/maybe-sent-twice true " + rec[1:].lstrip()}
+    line = cols.get("batch_line")
+    if isinstance(line, str):
+        obj = json.loads(line)
+        obj["kotoba"]["maybe_sent_twice"] = True
+        out["batch_line"] = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str)
+    return out

