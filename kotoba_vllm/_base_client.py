@@ -206,7 +206,7 @@ class Attempt(AttemptEvidence):
 
 def trace_event(ev: AttemptEvidence, name: str, info: object = None) -> None:
     """One httpcore trace event into the evidence."""
-    # Called ~10 times per request: one tuple-prefix test each, cheapest first.
+    # Called for every trace event of every request: one tuple-prefix test each, cheapest first.
     if name.startswith(_RESPONSE_EVENTS):
         ev.response(seen=True)
     elif name.startswith(_SEND_EVENTS):

@@ -482,7 +482,7 @@ class StreamDelta:
 
 
 # A stream makes one StreamDelta per chunk: attrs' frozen __init__ sets each slot through a guarded
-# `object.__setattr__` (half the cost of an assembled chunk); the slots' own setters do the same work.
+# `object.__setattr__` (the largest part of assembling a chunk); the slots' own setters do the same work.
 _NEW_DELTA = object.__new__
 _SET_DELTA, _SET_FINISH, _SET_INDEX, _SET_REASONING, _SET_TOOLS, _SET_LOGPROBS = (  # a new field fails here
     StreamDelta.__dict__[f.name].__set__ for f in attrs.fields(StreamDelta))
