@@ -9,9 +9,11 @@ only when a dialect renders a request (`edn_to_json`).
 
 from __future__ import annotations
 
+import itertools
+import linecache
 import math
 from decimal import Decimal
-from typing import AbstractSet, Any, Callable, Iterable, TypeVar
+from typing import AbstractSet, Any, Callable, Iterable, NamedTuple, TypeVar
 
 import attrs
 import cattrs
@@ -403,8 +405,15 @@ def extras_field(namespaces: tuple[str, ...], known: AbstractSet[str] = frozense
 EXTRAS_KNOWN = "edn_extras_known"
 
 
-# (attribute, key, "key " text, text of a non-nil value or None for nil, written when nil, (default, its text))
-_Writer = tuple[str, Keyword, str, Callable[[Any], "str | None"], bool, "tuple[Any, str] | None"]
+class FieldWriter(NamedTuple):
+    """How one field of a registered class is written into its map's text."""
+
+    attr: str
+    key: Keyword
+    key_text: str  # ":vllm/model "
+    write: Callable[[Any], "str | None"]  # text of a non-nil value, or None for nil
+    always: bool  # written (as nil) when nil
+    default: "tuple[Any, str] | None"  # a frozen default object and its text, written once
 
 
 def _plain(codec: Codec) -> bool:
@@ -450,8 +459,8 @@ class _Spec:
         # (attribute, key, "key " text, the value's writer, written when nil, (default, its text) or None)
         # for `write_edn`; a codec whose EDN is the value itself is written by `dumps` directly, a nested
         # class by `write_edn` directly (what `_Nested.write` calls)
-        self.writers: list[_Writer] = [
-            (name, k, dumps(k) + " ", _value_writer(codec), name in self.always, self.default_texts.get(name))
+        self.writers: list[FieldWriter] = [
+            FieldWriter(name, k, dumps(k) + " ", _value_writer(codec), name in self.always, self.default_texts.get(name))
             for name, k, codec in self.fields]
         self._field_writers: dict[frozenset[Keyword], Callable[[Any], list[str]]] = {}
 
@@ -462,28 +471,41 @@ class _Spec:
         out = self._field_writers.get(key)
         if out is None:
             out = self._field_writers[key] = _compile_field_writer(
-                self.cls.__name__, [w for w in self.writers if w[1] not in key])
+                self.cls.__name__, [w for w in self.writers if w.key not in key])
         return out
 
 
-def _compile_field_writer(cls_name: str, writers: list[_Writer]) -> Callable[[Any], list[str]]:
-    """The loop over `writers` unrolled into straight code (as attrs makes `__init__`): per field, an
-    attribute read and a test instead of a tuple unpacked and a `getattr` call; a third of a record's cost."""
+def _compile_field_writer(cls_name: str, writers: list[FieldWriter]) -> Callable[[Any], list[str]]:
+    """The loop over `writers` unrolled into straight code, generated once per class and skip set the way
+    attrs makes `__init__`: per field, an attribute read by name and a test instead of a tuple unpacked
+    and a `getattr` call, once per field of every record. The source is registered with `linecache`, so a
+    traceback through it shows the generated line."""
     names: dict[str, Any] = {}
     body = ["def write_fields(obj):", "    parts = []", "    add = parts.append"]
-    for i, (attr, _, key_text, write, always, default) in enumerate(writers):
-        names[f"write{i}"] = write
-        nil = f"add({key_text + 'nil'!r})" if always else "pass"
-        body += [f"    v = obj.{attr}", "    if v is None:", f"        {nil}"]
-        if default is not None:  # a field holding its (frozen, shared) default object: its text once
-            names[f"default{i}"] = default[0]
-            body += [f"    elif v is default{i}:", f"        add({key_text + default[1]!r})"]
-        body += ["    else:", f"        text = write{i}(v)", "        if text is None:", f"            {nil}",
-                 "        else:", f"            add({key_text!r} + text)"]
+    for w in writers:
+        names[f"write_{w.attr}"] = w.write
+        nil = f"add({w.key_text + 'nil'!r})" if w.always else "pass"
+        body += [f"    v = obj.{w.attr}", "    if v is None:", f"        {nil}"]
+        if w.default is not None:  # a field holding its (frozen, shared) default object: its text once
+            names[f"default_{w.attr}"] = w.default[0]
+            body += [f"    elif v is default_{w.attr}:", f"        add({w.key_text + w.default[1]!r})"]
+        body += ["    else:", f"        text = write_{w.attr}(v)", "        if text is None:", f"            {nil}",
+                 "        else:", f"            add({w.key_text!r} + text)"]
     body.append("    return parts")
-    exec(compile("\n".join(body), f"<write_fields {cls_name}>", "exec"), names)  # noqa: S102 - our own text
+    source = "\n".join(body) + "\n"
+    filename = _generated_filename(f"write_fields {cls_name}")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), names)  # noqa: S102 - our own text, one function per class
     fn: Callable[[Any], list[str]] = names["write_fields"]
     return fn
+
+
+_GENERATED = itertools.count(1)
+
+
+def _generated_filename(what: str) -> str:
+    """A unique pseudo file name for generated source (attrs' convention: `<attrs generated init ...>`)."""
+    return f"<kotoba_vllm generated {what} {next(_GENERATED)}>"
 
 
 def _value_writer(codec: Codec) -> Callable[[Any], "str | None"]:
