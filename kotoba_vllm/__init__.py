@@ -18,6 +18,7 @@ from ._model import (ChatRequest, Choice, CompletionRequest, ContentPart, Detoke
                      EmbeddingRequest, EmbeddingResponse, Figure, GenerateRequest, Health, Message, ModelInfo,
                      ModelsResponse, Response, Sampling, StreamDelta, Timings, TokenizeRequest, TokenizeResponse,
                      ToolCall, Usage, from_edn, to_edn)
+from ._media import inline_local_media
 from ._problems import Problem
 from ._requests import request_from_edn, request_to_edn
 from ._validate import validate
@@ -38,5 +39,5 @@ __all__ = [
     "request_to_edn", "to_edn", "validate",
     "Pool", "AsyncPool",
     "CassetteError", "ConfigError", "Edn", "EdnMap", "EdnWriteError", "LocalServerError", "PromptError",
-    "StructureError", "Unparsable", "Redirected", "ResponseTooLarge",
+    "StructureError", "Unparsable", "Redirected", "ResponseTooLarge", "inline_local_media",
 ]

@@ -17,7 +17,7 @@ import httpx
 from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
 from ._memo import BoundedMemo
-from ._fields import KWARG_KEYS
+from ._fields import KWARG_KEYS, version_problems
 from ._errors import (ConfigError, KotobaError, ProtocolError, Redirected, RequestTimeout, ResponseTooLarge,
                       ServerError, StreamBroken, TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest,
@@ -553,6 +553,7 @@ class BaseClient:
         self.base_url = server_root(base_url or os.environ.get(BASE_URL_ENV) or "http://127.0.0.1:8000")
         self._backend = backend
         self._detected: dict[str, str] = {}
+        self._versions: dict[str, str] = {}  # base URL -> the engine version its detection answer named
         self.__api_key = api_key_or_env(api_key)
         register_secret(self.__api_key)  # a server quoting our Authorization header back never shows it
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else (
@@ -636,11 +637,27 @@ class BaseClient:
             return self._backend
         return self._detected.get(base)
 
+    def _identify(self, base: str, path: str, status: int, body: Any) -> str | None:
+        """`decide_backend` for one probe answer; the engine's version, when the answer names it, is kept for
+        the fields that version has (`_fields.version_problems`)."""
+        hit = decide_backend(path, status, body)
+        if hit is not None and isinstance(body, dict) and isinstance(body.get("version"), str):
+            self._versions[server_root(base)] = body["version"]
+        return hit
+
+    def server_version(self, base_url: str | None = None) -> str | None:
+        """The engine version detection read (vLLM's /version, SGLang's server info), if any."""
+        return self._versions.get(server_root(base_url) if base_url else self.base_url)
+
     def _plan(self, req: Request, backend: str, base: str | None = None, checked: bool = False) -> Plan:
-        """`base`: `_base_for(req)` when the caller has it already; `checked`: see `send`."""
+        """`base`: `_base_for(req)` when the caller has it already; `checked`: see `Client.send`."""
         if base is None:
             base = self._base_for(req)
         problems = send_problems(req, backend, checked)
+        if req.extras and self._versions:
+            version = self._versions.get(base)
+            if version is not None:
+                problems = problems + version_problems(backend, version, req.extras)
         if problems and any(p.is_error for p in problems):
             raise ValidationError(problems, endpoint=base)
         dialect = get_dialect(backend)

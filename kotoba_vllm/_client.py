@@ -313,7 +313,7 @@ class Client(BaseClient, EndpointCalls):
                 if self.detection_fatal(e):
                     raise
                 continue
-            hit = decide_backend(path, r.status_code, decode_json(r.content))
+            hit = self._identify(base, path, r.status_code, decode_json(r.content))
             if hit:
                 found = hit
                 break
@@ -542,7 +542,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                 if self.detection_fatal(e):
                     raise
                 continue
-            hit = decide_backend(path, r.status_code, decode_json(r.content))
+            hit = self._identify(base, path, r.status_code, decode_json(r.content))
             if hit:
                 found = hit
                 break

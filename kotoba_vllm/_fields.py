@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ._codec import describe, edn_to_json, json_problem
-from ._edn import Edn, Keyword
+from ._edn import Edn, Keyword, kw, read_file
 from ._errors import ValidationError
 from ._problems import Problem
 
@@ -470,6 +471,11 @@ def part_problems(req: Any, engine: str, part_types: frozenset[str]) -> list[Pro
                 takes = " ".join(":" + t for t in sorted(part_types))
                 out.append(_problem("engine/unsupported", "vllm/type", f"message {i} part {j}: {engine} takes no "
                                     f":{p.type} part (it takes {takes})", engine))
+            if p.path is not None:
+                out.append(_problem("message/media", "vllm/path", f"message {i} part {j}: :vllm/path {p.path!r} is "
+                                    "read into the request before it is sent (`run` does; from Python, "
+                                    "kotoba_vllm.inline_local_media)"))
+                continue
             for need in PART_NEEDS.get(p.type, ()):
                 if all(getattr(p, n) is None for n in need.split("|")):
                     key = " or ".join(f":vllm/{n}" for n in need.split("|"))
@@ -483,6 +489,41 @@ def stream_problems(extras: Mapping[str, Edn], stream: bool | None) -> list[Prob
         return [_problem("request/stream", "vllm.engine/prompt-logprobs",
                          "vLLM gives no :vllm.engine/prompt-logprobs when streaming")]
     return []
+
+
+_TABLES = Path(__file__).resolve().parent.parent / "schemas" / "engine-fields"
+_VERSION_FIELDS: dict[tuple[str, str], frozenset[str] | None] = {}
+
+
+def version_fields(engine: str, version: str) -> frozenset[str] | None:
+    """Every field name the table read from `engine` `version`'s code holds (None: no table for it)."""
+    key = (engine, version)
+    if key not in _VERSION_FIELDS:
+        path = _TABLES / f"{engine}-{version}.edn"
+        names: set[str] = set()
+        if path.exists():
+            value = read_file(str(path))[0].value
+            sections = list(value[kw("fields/requests")].values()) if isinstance(value, dict) else []
+            if isinstance(value, dict) and kw("fields/sampling-params") in value:
+                sections.append(value[kw("fields/sampling-params")])
+            for section in sections:
+                names |= {f[kw("field/name")] for f in section[kw("fields/fields")]}
+        _VERSION_FIELDS[key] = frozenset(names) if names else None
+    return _VERSION_FIELDS[key]
+
+
+def version_problems(engine: str, version: str, extras: Mapping[str, Edn]) -> list[Problem]:
+    """Fields this engine version's own code does not have (vLLM would only log and ignore them)."""
+    names = version_fields(engine, version)
+    if names is None:
+        return []
+    out = []
+    for key in extras:
+        where = BY_KEY[key].engines.get(engine) if key in BY_KEY else None
+        if where is not None and where.wire.split(".")[0] not in names and (where.native or "") not in names:
+            out.append(_problem("engine/version", key, f"{engine} {version} has no {where.wire} field (:{key}); it "
+                                "would be ignored", engine))
+    return out
 
 
 # ------------------------------------------------------------------ rendering

@@ -55,6 +55,7 @@ class ContentPart:
     detail: str | None = edn_field("vllm/detail", STR)
     data: str | None = edn_field("vllm/data", STR)
     format: str | None = edn_field("vllm/format", WORD)
+    path: str | None = edn_field("vllm/path", STR)  # a local file, read into the part before sending (`_media`)
 
 
 @register

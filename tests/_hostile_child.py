@@ -24,9 +24,15 @@ from kotoba_vllm import AsyncClient, AsyncPool, Client, KotobaError, Pool
 from kotoba_vllm.cli import main as cli_main
 
 MSGS = [{"role": "user", "content": "hi"}]
+PEAK_KB = [0]  # the peak when the call ended, if reading its output back would raise it
 
 
 def _rss_kb() -> int:
+    """This process's peak resident memory (VmHWM: ru_maxrss would carry the parent's peak across exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
@@ -86,6 +92,7 @@ def _cli(spec: dict[str, Any]) -> str:
                                     "body": {"model": "m", "messages": MSGS}}) + "\n")
         code = cli_main(["run", inp, "-o", out, "--no-progress", "--backend", spec.get("backend", "vllm"),
                          *pool_args, *spec.get("args", [])])
+        PEAK_KB[0] = _rss_kb()  # before the records are read back here
         with open(out) as f:
             return json.dumps({"exit": code, "records": [json.loads(line) for line in f]})
 
@@ -104,7 +111,7 @@ def main() -> None:
             out["ok"] = _cli(spec)
     except KotobaError as e:
         out.update(kind=e.kind, phase=getattr(e, "phase", None), what=getattr(e, "what", None), message=e.message)
-    out.update(elapsed_s=round(time.monotonic() - t0, 3), rss_before_kb=before, rss_peak_kb=_rss_kb())
+    out.update(elapsed_s=round(time.monotonic() - t0, 3), rss_before_kb=before, rss_peak_kb=PEAK_KB[0] or _rss_kb())
     sys.stdout.write(json.dumps(out) + "\n")
 
 

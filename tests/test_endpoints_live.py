@@ -126,6 +126,48 @@ def test_slot_save_erase_restore(control_url: str, slot_dir: Path) -> None:
     assert restored.detail[kw("n_restored")] == n_saved
 
 
+def test_slot_restore_brings_the_cache_back(control_url: str) -> None:
+    """By effect, not by a 200: after an erase the same prompt is evaluated from nothing; after a restore
+    llama.cpp's own counter (timings.cache_n, our cached tokens) says the prompt came from the restored slot."""
+    prompt = "Once upon a time there was a small model"
+    with Client(control_url, backend="llamacpp", timeout=60) as c:
+        def cached() -> int | None:
+            r = c.completion(prompt, native=True, max_tokens=1, temperature=0.0,
+                             extras={"llamacpp/id-slot": 0, "llamacpp/cache-prompt": True})
+            return r.usage.cached_tokens if r.usage is not None else None
+
+        cached()  # fills slot 0
+        warm = cached()
+        c.slot_save(0, "effect.bin")
+        c.slot_erase(0)
+        cold = cached()
+        c.slot_erase(0)
+        c.slot_restore(0, "effect.bin")
+        restored = cached()
+    assert warm is not None and warm > 0 and cold == 0 and restored == warm
+
+
+def test_run_sends_rerank_and_slot_requests_from_edn(rerank_url: str, tmp_path: Path) -> None:
+    f = tmp_path / "requests.edn"
+    f.write_text('{:vllm/endpoint :rerank :vllm/query "what is EDN"\n'
+                 ' :vllm/documents ["a cat" "EDN is data" "hello"] :vllm/top-n 2}\n'
+                 '{:vllm/endpoint :score :vllm/text-1 "a" :vllm/text-2 "b"}\n'
+                 '{:vllm/endpoint :rerank :vllm/query "q"\n :vllm/documents ["a" 7]}\n')
+    p = cli("run", str(f), "--base-url", rerank_url, "--no-progress")
+    ok, refused, bad = read_all(p.stdout)
+    assert [r[kw("vllm/index")] for r in ok[kw("vllm/results")]] and len(ok[kw("vllm/results")]) == 2
+    assert refused[kw("vllm/error")] == kw("validation")
+    assert "llamacpp has no score endpoint" in refused[kw("vllm/problems")][0][kw("vllm/msg")]
+    [problem] = bad[kw("vllm/problems")]
+    assert problem[kw("vllm/field")] == kw("vllm/documents") and problem[kw("vllm/where")] == f"{f}:5:2"  # the key
+
+
+def test_record_cli_records_the_rerank_set(rerank_url: str, tmp_path: Path) -> None:
+    p = cli("record", "--base-url", rerank_url, "--engine", "llamacpp", "--set", "rerank", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.stem for x in tmp_path.glob("*.edn")) == ["rerank", "rerank-top-n", "slot-save-unsupported"]
+
+
 def test_slot_calls_async(control_url: str, slot_dir: Path) -> None:
     async def go() -> tuple[int, int]:
         async with AsyncClient(control_url, backend="llamacpp", timeout=60) as a:

@@ -74,6 +74,24 @@ def test_reset_prefix_cache(pooling: Any) -> None:
     assert done.ok and done.endpoint == "cache-reset" and done.detail is not None
 
 
+def test_reset_prefix_cache_by_effect(pooling: Any) -> None:
+    """vLLM's own counter: the same long input hits the prefix cache the second time, not after a reset."""
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * 60)  # many KV blocks
+
+    def hits_of_one_request(c: Client) -> float:
+        before = pooling.metric("vllm:prefix_cache_hits_total") or pooling.metric("vllm:prefix_cache_hits")
+        c.classify(text)
+        after = pooling.metric("vllm:prefix_cache_hits_total") or pooling.metric("vllm:prefix_cache_hits")
+        return float(after - before)
+
+    with Client(pooling.base_url, backend="vllm", model=pooling.model, timeout=120) as c:
+        hits_of_one_request(c)  # fills the cache
+        warm = hits_of_one_request(c)
+        assert c.reset_prefix_cache().ok
+        cold = hits_of_one_request(c)
+    assert warm > 0 and cold == 0
+
+
 def test_lora_load_list_unload(pooling: Any, lora_dir: str) -> None:
     with Client(pooling.base_url, backend="vllm", timeout=120) as c:
         assert c.lora_adapters().adapters == ()

@@ -4,6 +4,9 @@ request ids on the wire."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from kotoba_vllm import Client, ValidationError
@@ -379,3 +382,100 @@ def test_openai_style_input_audio_dicts_are_kept() -> None:
                                                     "input_audio": {"data": "UklGRg==", "format": "mp3"}}]}],
                      None, None, False, {}, None)
     assert body(r, "vllm")["messages"][0]["content"][0]["input_audio"] == {"data": "UklGRg==", "format": "mp3"}
+
+
+# ------------------------------------------------------------------ the server's version
+
+def _vllm_of(version: str):
+    def script(seen: Seen) -> list:
+        if seen.path == "/version":
+            return reply({"version": version})
+        if seen.path in ("/props", "/server_info", "/get_server_info"):
+            return reply({"detail": "Not Found"}, status=404)
+        return reply(chat_answer("Hello"))
+    return script
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_field_the_detected_version_lacks_is_a_problem(flavour: str) -> None:
+    """return_weight_versions is in vLLM 0.33.0's ChatCompletionRequest, not 0.32.0's
+    (schemas/engine-fields/): against a detected 0.32.0 it would be logged and ignored."""
+    for version, refused in (("0.32.0", True), ("0.33.0", False)):
+        with FaultServer(_vllm_of(version)) as srv:
+            async def go() -> Any:
+                async with AsyncClient(srv.base_url) as c:
+                    return await c.chat("hi", return_weight_versions=True, min_tokens=1)
+
+            def call() -> Any:
+                if flavour == "async":
+                    return asyncio.run(go())
+                with Client(srv.base_url) as c:
+                    return c.chat("hi", return_weight_versions=True, min_tokens=1)
+
+            if refused:
+                with pytest.raises(ValidationError) as e:
+                    call()
+                assert [(p.code, p.field) for p in e.value.problems if p.is_error] == [
+                    ("engine/version", "vllm.engine/return-weight-versions")]
+                assert "0.32.0" in e.value.problems[-1].msg
+                assert not [s for s in srv.seen if s.path == "/v1/chat/completions"]  # nothing sent
+            else:
+                assert call().text == "Hello"
+
+
+# ------------------------------------------------------------------ local media
+
+def test_a_local_file_becomes_a_data_url_only_from_a_trusted_directory(tmp_path, capsys) -> None:
+    import base64
+    (tmp_path / "cat.png").write_bytes(b"\x89PNG fake")
+    (tmp_path / "a.wav").write_bytes(b"RIFF fake")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.png"
+    outside.write_bytes(b"x")
+    f = tmp_path / "req.edn"
+    f.write_text('{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content '
+                 '[{:vllm/type :image-url :vllm/path "cat.png"} {:vllm/type :input-audio :vllm/path "a.wav"}]}]}\n'
+                 '{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content '
+                 f'[{{:vllm/type :image-url :vllm/path "{outside}"}}]}}]}}\n'
+                 '{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content '
+                 '[{:vllm/type :image-url :vllm/path "../../etc/passwd"}]}]}\n')
+    with FaultServer() as srv:
+        main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--no-progress", "--concurrency", "1"])
+        posts = [s.json() for s in srv.seen if s.path == "/v1/chat/completions"]
+    out = _records(capsys.readouterr().out)
+    assert len(out) == 3 and len(posts) == 1  # the two outside the file's directory are problems, never sent
+    image, audio = posts[0]["messages"][0]["content"]
+    assert image == {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                       + base64.b64encode(b"\x89PNG fake").decode()}}
+    assert audio == {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF fake").decode(),
+                                                            "format": "wav"}}
+    for rec in out[1:]:
+        [p] = rec[kw("vllm/problems")]
+        assert p[kw("vllm/code")] == kw("message/media") and "outside" in p[kw("vllm/msg")]
+    # passed explicitly, the outside directory is allowed
+    with FaultServer() as srv:
+        main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--no-progress", "--media-root",
+              str(tmp_path.parent)])
+        assert len([s for s in srv.seen if s.path == "/v1/chat/completions"]) == 2  # /etc/passwd still refused
+    capsys.readouterr()
+
+
+def test_a_file_over_the_limit_is_refused_before_it_is_read(tmp_path) -> None:
+    from kotoba_vllm import inline_local_media
+    (tmp_path / "big.png").write_bytes(b"x" * 100)
+    r = parts_req('{:vllm/type :image-url :vllm/path "big.png"}')
+    _, problems = inline_local_media(r, [str(tmp_path)], max_bytes=99)
+    assert [p.code for p in problems] == ["message/media"] and "over the 99-byte limit" in problems[0].msg
+    assert ("message/media", "vllm/path") in errors(r, "vllm")  # never sent with the path unread
+
+
+def test_bad_new_fields_in_a_file_are_located_and_nothing_is_sent(tmp_path, capsys) -> None:
+    f = tmp_path / "bad.edn"
+    f.write_text('{:vllm/endpoint :chat\n :vllm/messages [{:vllm/role :user :vllm/content "hi"}]\n'
+                 ' :vllm/min-tokens "three"\n :vllm/logit-bias {50 300}\n :sglang/ebnf 1}\n')
+    with FaultServer() as srv:
+        main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--no-progress"])
+        assert not [s for s in srv.seen if s.path == "/v1/chat/completions"]
+    [rec] = _records(capsys.readouterr().out)
+    where = {p[kw("vllm/field")]: p[kw("vllm/where")] for p in rec[kw("vllm/problems")]}
+    assert where[kw("vllm/min-tokens")] == f"{f}:3:2" and where[kw("vllm/logit-bias")] == f"{f}:4:2"
+    assert where[kw("sglang/ebnf")] == f"{f}:5:2"

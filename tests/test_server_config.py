@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 import respx
+from hypothesis import given
+from hypothesis import strategies as st
 
 from faultserver import FaultServer, Seen, Step, reply
 from kotoba_vllm import AsyncClient, Client, kw, read_forms
@@ -345,3 +347,37 @@ def test_gemma_on_a_real_llama_server_answers_inspect(gemma_url: str) -> None:
     for name in ("context-per-slot", "slots", "context-total", "quantization", "context-train", "model-params",
                  "model-bytes", "modalities", "chat-template-caps"):
         assert cfg.value(name) == offline.value(name), name
+
+
+# ---------------------------------------------------------------- hostile answers: always an answer, never a raise
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) |
+                       st.text(max_size=8),
+                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                           st.sampled_from(["n_ctx", "total_slots", "data", "default_generation_settings", "id",
+                                            "max_model_len", "tp_size", "api_key", "params", "speculative",
+                                            "speculative.types", "modalities", "version", "internal_states",
+                                            "max_running_requests", "disable_radix_cache", "meta", "0"]),
+                           inner, max_size=6), max_leaves=20)
+
+
+@given(st.sampled_from(list(PATHS)), st.data())
+def test_any_answer_becomes_a_config_or_an_unmeasured_one_never_an_exception(engine: str, data: st.DataObject) -> None:
+    got = {}
+    for path in {**PATHS[engine], "/get_server_info": "", "/slots": ""}:
+        if path == "/metrics":
+            body = data.draw(st.sampled_from([b"", b"# junk\n", b'vllm:cache_config_info{block_size="x"} 1\n',
+                                              b'vllm:cache_config_info{num_gpu_blocks="-3",cache_dtype="None"} 1\n',
+                                              b"\xff\xfe", b"vllm:engine_sleep_state{sleep_state=\"awake\"} nan\n"]))
+        else:
+            body = json.dumps(data.draw(JSONISH)).encode() if data.draw(st.booleans()) else data.draw(st.binary(
+                max_size=16))
+        got[path] = Fetched(path, status=data.draw(st.sampled_from([200, 200, 404, 500])), body=body)
+    cfg = read_config("http://x:1", engine, got)
+    edn = cfg.to_edn()
+    from kotoba_vllm import dumps
+    [form] = read_forms(dumps(edn))
+    assert ServerConfig.from_edn(form.value).to_edn() == edn
+    for f in cfg.fields.values():
+        if f.status == REPORTED and isinstance(f.value, (int, float)) and not isinstance(f.value, bool):
+            assert f.value >= 0  # a count a server can mean

@@ -162,7 +162,8 @@ class OrderedSink:
 
     def _write(self, lines: list[str]) -> None:
         for line in lines:
-            self.out.write(line + "\n")
+            self.out.write(line)  # not `line + "\n"`: that copies a record as large as its answer once more
+            self.out.write("\n")
         self.written += 1
 
     def wake(self) -> None:

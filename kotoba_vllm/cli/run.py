@@ -29,6 +29,7 @@ from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, Flow
                      with_request_ids)
 from ..batch._background import background
 from ..batch._measured import ProbedCapacity, flow_control_for
+from ..batch._media import with_local_media
 from ..dialects import DIALECTS
 from ..local import LlamaServer, LocalServerError
 from ..capacity._view import DEFAULT_INTERVAL_S
@@ -73,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"whole (a request still unanswered after it is recorded as :timeout; default "
                         f"{DEFAULT_TIMEOUT.read:g} s)")
     p.add_argument("--pretty", action="store_true", help="pretty-print EDN")
+    p.add_argument("--media-root", action="append", default=[], metavar="DIR",
+                   help="a content part's :vllm/path may also come from under DIR (always: the request file's own "
+                        "directory); each file becomes a data URL, at most 20 MiB")
     p.add_argument("--request-ids", action="store_true",
                    help="give every request without :vllm/request-id one (<run prefix>-<index>), sent to the engine "
                         "where it reads one, so each record joins with the server's logs")
@@ -375,8 +379,8 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         if args.local and local is not None:
             await local.ensure(client)
         with batch_collector():  # the client and everything imported are alive by now
-            summary = await runner.run(with_request_ids(iter_entries(args.file, in_fmt),
-                                                        new_prefix() if args.request_ids else None))
+            entries = with_local_media(iter_entries(args.file, in_fmt), args.media_root)
+            summary = await runner.run(with_request_ids(entries, new_prefix() if args.request_ids else None))
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

@@ -9,6 +9,7 @@ from .._edn import EdnError, kw
 from .._validate import validate
 from ..dialects import DIALECTS
 from ..batch import with_request_ids
+from ..batch._media import with_local_media
 from ._common import emit, iter_request_entries
 
 HELP = "Check request files: ranges, unknown keys, and what the chosen engine honours. Exit 1 on any error."
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for path in args.files:
         try:
-            for entry in with_request_ids(iter_request_entries(path)):  # streamed: a 1,000,000-request file in flat memory
+            for entry in with_request_ids(with_local_media(iter_request_entries(path))):  # streamed: a 1,000,000-request file in flat memory
                 problems = list(entry.problems)
                 if entry.request is not None:
                     problems += entry.located(validate(entry.request, args.backend))

@@ -143,7 +143,8 @@ READS: dict[str, dict[str, Read]] = {
         "served-name": J("/v1/models", "data", 0, "id", kind=_text),
         "context-length": J("/props", "default_generation_settings", "n_ctx",
                             means="per slot: a request runs in one slot"),
-        "context-per-slot": J("/props", "default_generation_settings", "n_ctx"),
+        "context-per-slot": J("/props", "default_generation_settings", "n_ctx",
+                              means="one slot's share: -c divided by --parallel"),
         "context-train": J("/v1/models", "data", 0, "meta", "n_ctx_train"),
         "model-params": J("/v1/models", "data", 0, "meta", "n_params"),
         "model-bytes": J("/v1/models", "data", 0, "meta", "size"),
@@ -361,7 +362,8 @@ def _llamacpp_extras(a: _Answers, fields: dict[str, ConfigField]) -> None:
     if per is not None and n is not None and per.reported and n.reported and per.source and n.source \
             and isinstance(per.value, int) and isinstance(n.value, int):
         fields["context-total"] = ConfigField(REPORTED, value=per.value * n.value,
-                                              derived_from=(per.source, n.source), how="n_ctx x total_slots")
+                                              derived_from=(per.source, n.source), how="n_ctx x total_slots",
+                                              means="every slot's context together: the server's -c")
     elif per is not None and not per.reported:
         fields["context-total"] = per
     elif n is not None and not n.reported:
