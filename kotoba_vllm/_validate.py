@@ -77,6 +77,10 @@ def request_problems(req: Request) -> list[Problem]:
     if req.extras:
         out.extend(value_problems(req.extras, req.stream, sampling.max_tokens if sampling is not None else None))
         out.extend(stream_problems(req.extras, req.stream))
+    deadline = req.deadline_s
+    if deadline is not None and not deadline > 0:  # a whole-call deadline (inf: none)
+        out.append(Problem("error", "request/deadline", f":vllm/deadline-s must be a positive number of seconds, "
+                           f"got {deadline!r}", field="vllm/deadline-s"))
     if req.stream and req.endpoint in ("embedding", "tokenize", "detokenize"):
         out.append(Problem("error", "request/stream", f"the {req.endpoint} endpoint does not stream",
                            field="vllm/stream"))

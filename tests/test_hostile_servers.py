@@ -408,3 +408,18 @@ def test_a_big_answer_costs_a_small_multiple_of_its_size(path: str) -> None:
 
     multiple = (grown(size) - grown(1024)) / size
     assert multiple <= (4.3 if path == "run" else 3.3), f"{path}: {multiple:.1f}x the answer"
+
+
+def test_a_requests_own_deadline_in_edn() -> None:
+    def req(deadline: str) -> Any:
+        text = ('{:vllm/endpoint :chat :vllm/deadline-s %s :vllm/messages [{:vllm/role :user :vllm/content "x"}]}'
+                % deadline)
+        return next(iter(kotoba_vllm.read_forms(text))).value
+
+    with FaultServer(trickle) as srv, kotoba_vllm.Client(srv.base_url, backend="vllm", timeout=10) as c:
+        with pytest.raises(kotoba_vllm.RequestTimeout) as ei:
+            c.send(req("0.8"))
+        with pytest.raises(kotoba_vllm.ValidationError) as bad:
+            c.send(req("-1"))
+    assert ei.value.phase == "total" and ei.value.limit_s == pytest.approx(0.8, abs=0.01)
+    assert bad.value.problems[0].field == "vllm/deadline-s"
