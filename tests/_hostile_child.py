@@ -47,6 +47,11 @@ def _sync(spec: dict[str, Any]) -> str:
             setattr(c, k, v)
         if call == "detect":
             return c.detect_backend()
+        if call == "server_config":
+            cfg = c.server_config()
+            return f"measured={cfg.measured} reason={cfg.reason}"
+        if call == "rerank":
+            return str(c.rerank("q", ["a", "b"]))
         if call == "stream":
             with c.stream_chat(MSGS) as s:
                 return s.until_done().text
@@ -64,6 +69,11 @@ async def _async(spec: dict[str, Any]) -> str:
             setattr(c, k, v)
         if call == "detect":
             return await c.detect_backend()
+        if call == "server_config":
+            cfg = await c.server_config()
+            return f"measured={cfg.measured} reason={cfg.reason}"
+        if call == "rerank":
+            return str(await c.rerank("q", ["a", "b"]))
         if call == "stream":
             s = await c.stream_chat(MSGS)
             return (await s.until_done()).text

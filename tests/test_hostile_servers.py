@@ -423,3 +423,25 @@ def test_a_requests_own_deadline_in_edn() -> None:
             c.send(req("-1"))
     assert ei.value.phase == "total" and ei.value.limit_s == pytest.approx(0.8, abs=0.01)
     assert bad.value.problems[0].field == "vllm/deadline-s"
+
+
+# ------------------------------------------------------------------ the endpoints other issues added
+
+
+@pytest.mark.parametrize("server", ["trickle", "bomb"])
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_server_config_is_bounded_like_a_capacity_probe(path: str, server: str) -> None:
+    script = trickle_everything if server == "trickle" else bomb_everything
+    with FaultServer(script) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "call": "server_config",
+                         "client": {"max_response_bytes": SMALL}})
+    assert out["kind"] is None and out["ok"].startswith("measured=False"), out
+    assert ("probe deadline" if server == "trickle" else "size limit") in out["ok"], out
+    assert out["elapsed_s"] < 9  # server_config's probe deadline: its 1 s connect + 5 s read
+
+
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_rerank_against_a_bomb_is_refused_at_the_limit(path: str) -> None:
+    with FaultServer(gzip_bomb) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "call": "rerank", "client": {"max_response_bytes": SMALL}})
+    assert out["kind"] == "too-large" and out["what"] == "decoded", out
