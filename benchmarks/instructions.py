@@ -94,7 +94,8 @@ def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str, extra: tu
     return [sys.executable, "-m", "kotoba_vllm", "run", src, "--backend", backend,
             "--concurrency", str(conc), "--output", os.path.join(work, f"records-{n}.edn"), "--no-progress",
             *(a for u in members for a in ("--base-url", u)),
-            *(("--capacity-interval", f"{DEFAULT_INTERVAL_S * VALGRIND_SLOWDOWN:g}") if mode == "pool" else ()),
+            *(("--capacity-interval", f"{DEFAULT_INTERVAL_S * VALGRIND_SLOWDOWN:g}")
+              if mode == "pool" or backend == "llamacpp" else ()),  # flow control probes a member with slots
             *extra]
 
 

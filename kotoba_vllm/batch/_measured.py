@@ -31,15 +31,15 @@ from ._flow import FlowControl
 POOL_MEMBER = "pool"  # a pool is one member to flow control: it spreads and refuses by its own view
 
 
-def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: str = "auto", api_key: str | None = None
-                     ) -> tuple[FlowControl, ProbedCapacity | None]:
+def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: str = "auto", api_key: str | None = None,
+                     interval_s: float | None = None) -> tuple[FlowControl, ProbedCapacity | None]:
     """Flow control for `run` or a Ray actor sending through `client` (an AsyncClient or AsyncPool), and
     the probe shell it owns (None for a pool, whose own view is read; `aclose` it when done)."""
     if isinstance(client, AsyncPool):
         return FlowControl(ceiling, lambda e: POOL_MEMBER, capacity=PoolViewCapacity(client)), None
     headers = client_headers(api_key_or_env(api_key), None)
     measured = ProbedCapacity(default_wire(headers, PROBE_TIMEOUT, True, httpx.Limits(max_connections=None)),
-                              backend)
+                              backend, interval_s=DEFAULT_INTERVAL_S if interval_s is None else interval_s)
 
     def member_of(e: BatchEntry) -> str:
         url = e.request.base_url if e.request is not None else None

@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "goes to a pool member and request URLs are ignored")
     p.add_argument("--pool", help="pool spec (EDN) to send through instead of one server")
     p.add_argument("--capacity-interval", type=float, default=None, metavar="SECONDS",
-                   help="pool only: how long one capacity probe round is read for before the next (default "
+                   help="capacity probes (a pool's, flow control's): how long one round is read for before the "
+                        "next (default "
                         f"{DEFAULT_INTERVAL_S:g} s, or the pool file's :pool/capacity-interval-s; 0 probes before "
                         "every request). Decisions read capacity at most this plus one probe timeout old "
                         "(docs/pool-admission.md)")
@@ -220,7 +221,8 @@ def _flow_control(args: argparse.Namespace, client: AsyncClient | AsyncPool
                   ) -> tuple[FlowControl | None, ProbedCapacity | None]:
     if args.flow_control == "off":
         return None, None
-    return flow_control_for(client, args.concurrency, backend=args.backend, api_key=args.api_key)
+    return flow_control_for(client, args.concurrency, backend=args.backend, api_key=args.api_key,
+                            interval_s=args.capacity_interval)
 
 
 class FlowProgress:
