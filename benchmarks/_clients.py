@@ -29,8 +29,9 @@ def no_trace_client(base_url: str, model: str, backend: str) -> Any:
     from kotoba_vllm import Client
 
     class NoTrace(Client):
-        def _send(self, plan: Any, timeout: httpx.Timeout, stream: bool) -> Any:
-            return self._wire.send(plan.http.method, plan.url, json=plan.http.body, timeout=timeout, stream=stream)
+        def _send(self, plan: Any, timeout: httpx.Timeout, stream: bool, deadline_s: float | None = None) -> Any:
+            return self._wire.send(plan.http.method, plan.url, json=plan.http.body, timeout=timeout, stream=stream,
+                                   deadline_s=deadline_s)
 
     return NoTrace(base_url, backend=backend, model=model, timeout=60.0,
                    http_client=httpx.Client(limits=LIMITS, timeout=60.0))

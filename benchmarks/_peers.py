@@ -23,7 +23,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE)]
+sys.path[:0] = [os.environ.get("KOTOBA_BENCH_TREE") or os.path.dirname(HERE)]  # instructions.py --tree
 
 EXPECT = "Hello there, friend."
 MODEL = "canned"
@@ -131,6 +131,34 @@ async def kotoba_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable
     return call, client.aclose
 
 
+async def kotoba_stream_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable[Any]]]:
+    """`AsyncClient.stream_chat`, read to its end (4 content chunks and a usage chunk per request)."""
+    from kotoba_vllm import AsyncClient
+
+    client = AsyncClient(url, backend="openai", model=MODEL, timeout=60.0)
+
+    async def call(msgs: list[dict[str, str]]) -> str:
+        resp = await (await client.stream_chat(msgs, max_tokens=4)).until_done()
+        return EXPECT if resp.text == "tok0 tok1 tok2 end" else resp.text or ""
+    return call, client.aclose
+
+
+def run_sync(url: str, n: int) -> dict[str, Any]:
+    """The sync `Client`, one request at a time (what `kotoba-sync` runs; CONCURRENCY is ignored)."""
+    from kotoba_vllm import Client
+
+    with Client(url, backend="openai", model=MODEL, timeout=60.0) as client:
+        for i in range(min(n, 40)):  # connect and warm up, outside the clock
+            client.chat(messages(i), max_tokens=4)
+        texts, lat = [], []
+        c0, t0 = cpu_now(), time.perf_counter()
+        for i in range(n):
+            t = time.perf_counter()
+            texts.append(client.chat(messages(i), max_tokens=4).text or "")
+            lat.append(time.perf_counter() - t)
+        return summary(texts, lat, time.perf_counter() - t0, cpu_now() - c0)
+
+
 async def kotoba_httpx_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable[Any]]]:
     import httpx
 
@@ -206,7 +234,7 @@ async def kotoba_httpx2_peer(url: str, conc: int) -> tuple[Call, Callable[[], Aw
 
 PEERS = {"aiohttp": aiohttp_peer, "httpx": httpx_peer,
          "httpx2": lambda u, c: httpx_peer(u, c, "httpx2"), "openai": openai_peer, "flexllm": flexllm_peer,
-         "kotoba": kotoba_peer, "kotoba-httpx": kotoba_httpx_peer, "kotoba-httpcore2": kotoba_httpcore2_peer,
+         "kotoba": kotoba_peer, "kotoba-stream": kotoba_stream_peer, "kotoba-httpx": kotoba_httpx_peer, "kotoba-httpcore2": kotoba_httpcore2_peer,
          "kotoba-httpx2": kotoba_httpx2_peer}
 
 
@@ -283,6 +311,8 @@ def main() -> None:
         res = run_cli(urls, conc, n, "openai")
     elif name == "kotoba-run-pool":
         res = run_cli(urls, conc, n, "vllm")  # vLLM's probes (/metrics, /load) are asked of every member
+    elif name == "kotoba-sync":
+        res = run_sync(urls[0], n)
     elif name == "kotoba-run-vllm":
         res = run_cli(urls[:1], conc, n, "vllm")  # one member, the pool's dialect: the pool with no pool
     elif name in ("kotoba-run-asyncio", "kotoba-run-uvloop"):  # `run` on each loop it can own

@@ -1,4 +1,5 @@
-"""`python benchmarks/instructions.py run|vllm|pool|async [--concurrency N]`: instructions per request, counted.
+"""`python benchmarks/instructions.py run|vllm|pool|async|stream|sync [--concurrency N] [--tree DIR]`: instructions
+per request, counted.
 
 CPU time on a shared or virtual machine moves between levels (benchmarks/README.md); an instruction count does
 not. This runs one contender under valgrind's cachegrind twice, for 100 and for 300 requests against the canned
@@ -14,6 +15,11 @@ Above 16 in flight the two runs are 1,000 and 3,000 requests (100 would hardly o
   most requests would wait for a round (measured: every one of 1,000, against 256 of 3,000 outside valgrind).
   The interval is scaled by the same factor (`--capacity-interval 8`): as many rounds per request as a real run.
 - `async`: `benchmarks/_peers.py kotoba` (an `AsyncClient`, one worker per slot, as in scenario d).
+- `stream`: `benchmarks/_peers.py kotoba-stream` (`AsyncClient.stream_chat` read to its end, 4 chunks).
+- `sync`: `benchmarks/_peers.py kotoba-sync` (the sync `Client`, one request at a time; `--concurrency` ignored).
+
+`--tree DIR` counts another checkout's `kotoba_vllm` (e.g. a `git worktree` at an older commit) with this
+harness: an A/B of two commits under the same contender.
 
 A cyclic garbage collection costs ~17 M instructions; whether one lands between request 100 and 300 can move the
 slope by ~90 k per request. So the slope is printed twice: everything, and without the collector's own functions
@@ -33,7 +39,7 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path[:0] = [HERE]
+sys.path[:0] = [HERE, ROOT]
 
 from canned_server import CannedServer  # noqa: E402
 from kotoba_vllm.capacity._view import DEFAULT_INTERVAL_S  # noqa: E402
@@ -72,11 +78,14 @@ def sizes_for(conc: int) -> tuple[int, int]:
     return SIZES if conc <= 16 else SIZES_MANY_IN_FLIGHT
 
 
+PEER_MODES = {"async": "kotoba", "stream": "kotoba-stream", "sync": "kotoba-sync"}
+
+
 def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str, extra: tuple[str, ...] = (),
              backend: str | None = None) -> list[str]:
-    """The contender's command line: `run`, `vllm` and `pool` are the CLI, `async` the peer script."""
-    if mode == "async":
-        return [sys.executable, os.path.join(HERE, "_peers.py"), "kotoba", urls[0], str(conc), str(n)]
+    """The contender's command line: `run`, `vllm` and `pool` are the CLI, the others the peer script."""
+    if mode in PEER_MODES:
+        return [sys.executable, os.path.join(HERE, "_peers.py"), PEER_MODES[mode], urls[0], str(conc), str(n)]
     src = os.path.join(work, f"requests-{n}.edn")
     with open(src, "w", encoding="utf-8") as fh:
         fh.writelines(REQUEST.format(i=i) for i in range(n))
@@ -90,11 +99,12 @@ def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str, extra: tu
 
 
 def measure(mode: str, conc: int, sizes: tuple[int, int] | None = None, extra: tuple[str, ...] = (),
-            slots: int = 0) -> dict[str, float]:
+            slots: int = 0, tree: str = ROOT) -> dict[str, float]:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: instructions are not counted (nothing measured)")
     sizes = sizes or sizes_for(conc)
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=tree)  # _peers.py puts its own tree first: the peer modes get `tree` too
+    env["KOTOBA_BENCH_TREE"] = tree
     seen: dict[int, tuple[int, int]] = {}
     with CannedServer(delay_ms=20, cpu=1 if (os.cpu_count() or 1) >= 2 else None,
                       ports=2 if mode == "pool" else 1, slots=slots) as srv, tempfile.TemporaryDirectory() as work:
@@ -103,7 +113,7 @@ def measure(mode: str, conc: int, sizes: tuple[int, int] | None = None, extra: t
             r = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
                                + argv_for(mode, n, conc, srv.base_urls, work, extra,
                                           "llamacpp" if slots and mode == "run" else None),
-                               capture_output=True, text=True, cwd=ROOT, env=env)
+                               capture_output=True, text=True, cwd=tree, env=env)
             if r.returncode != 0 or not re.search(r"I\s+refs:", r.stderr):
                 raise SystemExit(f"{mode} with {n} requests failed (rc {r.returncode}):\n{r.stderr[-2000:]}")
             seen[n] = counts(out)
@@ -115,15 +125,17 @@ def measure(mode: str, conc: int, sizes: tuple[int, int] | None = None, extra: t
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("run", "vllm", "pool", "async"))
+    ap.add_argument("mode", choices=("run", "vllm", "pool", *PEER_MODES))
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--sizes", type=int, nargs=2, metavar=("A", "B"), help="the two batch sizes (A < B)")
     ap.add_argument("--slots", type=int, default=0,
                     help="the canned server has this many slots: /slots reports them, a POST beyond them is "
                          "answered 429 (`run` then says --backend llamacpp, the engine with that probe)")
     ap.add_argument("--extra", default="", help="more arguments for `run`, one string (e.g. '--flow-control off')")
+    ap.add_argument("--tree", default=ROOT, help="the checkout whose kotoba_vllm is counted (default: this one)")
     a = ap.parse_args(argv)
-    m = measure(a.mode, a.concurrency, tuple(a.sizes) if a.sizes else None, tuple(a.extra.split()), a.slots)
+    m = measure(a.mode, a.concurrency, tuple(a.sizes) if a.sizes else None, tuple(a.extra.split()), a.slots,
+                os.path.abspath(a.tree))
     print(f"{a.mode} at {a.concurrency} in flight: {m['per_request_without_collector'] / 1e3:.1f} k instructions per "
           f"request without the collector ({m['per_request'] / 1e3:.1f} k with it; whole process "
           f"{m['total_small']:,} at {m['small']:,} requests, {m['total_large']:,} at {m['large']:,})")

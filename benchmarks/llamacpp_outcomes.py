@@ -5,8 +5,9 @@ a. Prefix-cache affinity. Multi-turn conversations with growing transcripts go t
    affinity), round-robin, and random (LiteLLM's default `simple-shuffle` picks at random). Each way starts
    fresh servers, so no cache carries over. Per answer: the server's own `timings.cache_n` (prompt tokens
    served from its cache), `prompt_n` and `prompt_ms` (the prefill it did), side by side per turn.
-b. Honest rates. `bench` on one Gemma server: its prefill and decode rates against llama.cpp's own
-   `/metrics` rate gauges, its client-side TTFT against the server's own prefill time.
+b. Honest rates. `bench` on one Gemma server: its prefill and decode rates (summed from the answers'
+   server-reported timings) against llama.cpp's own `/metrics` counters over the run, and its client-side
+   TTFT against the server's own prefill time (`timings.prompt_ms`).
 
     python benchmarks/llamacpp_outcomes.py                 # 4 conversations x 4 turns; ~3-5 min on 2 cores
     python benchmarks/llamacpp_outcomes.py --conversations 2 --turns 3 --no-rates   # a quick look
@@ -79,16 +80,29 @@ def run_policy(policy: str, order: Sequence[tuple[int, int]], max_tokens: int, s
                parallel: int) -> list[dict[str, Any]]:
     """One policy over fresh members: one record per answer, the server's own numbers in it."""
     servers = start_members(2, threads, parallel)
-    urls = [s.base_url for s in servers]
+    try:
+        return serve_policy(policy, order, [s.base_url for s in servers], max_tokens, seed)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def serve_policy(policy: str, order: Sequence[tuple[int, int]], urls: Sequence[str], max_tokens: int, seed: int,
+                 topic_offset: int = 0) -> list[dict[str, Any]]:
+    """The conversations through `urls` (two members) by `policy`; `topic_offset` picks other topics, so
+    members already used by another policy share no transcript with this one."""
+    urls = list(urls)
     transcripts: dict[int, list[dict[str, str]]] = {}
+    last: dict[int, dict[str, Any]] = {}  # each conversation's previous answer
     rows: list[dict[str, Any]] = []
-    rng = random.Random(seed)
+    rng = random.Random(f"members {seed}")  # not the order's stream: the same seed would correlate the two
     clients = [Client(u, backend="llamacpp", timeout=300.0) for u in urls]
     pool = Pool(urls, backend="llamacpp", timeout=300.0) if policy == "affinity" else None
     try:
         for i, (conv, turn) in enumerate(order):
             msgs = transcripts.setdefault(conv, [])
-            msgs.append({"role": "user", "content": ASKS[turn % len(ASKS)].format(t=TOPICS[conv % len(TOPICS)])})
+            topic = TOPICS[(conv + topic_offset) % len(TOPICS)]
+            msgs.append({"role": "user", "content": ASKS[turn % len(ASKS)].format(t=topic)})
             sampling: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "seed": seed}
             if pool is not None:
                 r = pool.chat(msgs, **sampling)
@@ -98,27 +112,31 @@ def run_policy(policy: str, order: Sequence[tuple[int, int]], max_tokens: int, s
             msgs.append({"role": "assistant", "content": r.text or ""})
             t = r.extras.get("llamacpp/timings") or {}
             member_url = (r.endpoint_url or "").split("/v1/")[0]
-            rows.append({"policy": policy, "conversation": conv, "turn": turn + 1, "member": urls.index(member_url),
-                         "prompt-tokens": r.usage.prompt_tokens if r.usage else None,
-                         "cache-n": t.get(kw("cache_n")), "prompt-n": t.get(kw("prompt_n")),
-                         "prompt-ms": t.get(kw("prompt_ms")), "predicted-n": t.get(kw("predicted_n"))})
+            prev = last.get(conv)
+            row = {"policy": policy, "conversation": conv, "turn": turn + 1, "member": urls.index(member_url),
+                   "prompt-tokens": r.usage.prompt_tokens if r.usage else None,
+                   # the transcript this turn sends again: the previous turn's prompt and answer
+                   "resent-tokens": (prev["prompt-tokens"] or 0) + (prev["predicted-n"] or 0) if prev else 0,
+                   "cache-n": t.get(kw("cache_n")), "prompt-n": t.get(kw("prompt_n")),
+                   "prompt-ms": t.get(kw("prompt_ms")), "predicted-n": t.get(kw("predicted_n"))}
+            rows.append(row)
+            last[conv] = row
     finally:
         for c in clients:
             c.close()
         if pool is not None:
             pool.close()
-        for s in servers:
-            s.stop()
     return rows
 
 
 def affinity_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per policy: prompt tokens of turns 2.. and how many of them the servers served from cache; prefill ms."""
     out: dict[str, Any] = {}
-    for policy in POLICIES:
+    for policy in dict.fromkeys(r["policy"] for r in rows):
         mine = [r for r in rows if r["policy"] == policy]
         later = [r for r in mine if r["turn"] > 1]
         prompt = sum(r["prompt-tokens"] or 0 for r in later)
+        resent = sum(r["resent-tokens"] for r in later)
         cached = sum(r["cache-n"] or 0 for r in later)
         per_turn = {}
         for turn in sorted({r["turn"] for r in mine}):
@@ -126,8 +144,12 @@ def affinity_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             per_turn[turn] = {"cache-n": sum(r["cache-n"] or 0 for r in rs),
                               "prompt-tokens": sum(r["prompt-tokens"] or 0 for r in rs),
                               "prefill-ms": round(sum(r["prompt-ms"] or 0.0 for r in rs), 1)}
-        out[policy] = {"later-turn-prompt-tokens": prompt, "later-turn-cached-tokens": cached,
-                       "later-turn-cache-hit": round(cached / prompt, 3) if prompt else None,
+        out[policy] = {"later-turn-prompt-tokens": prompt, "later-turn-resent-tokens": resent,
+                       "later-turn-cached-tokens": cached,
+                       # the prompt tokens the servers computed (llama.cpp's prompt_n): the prefill work itself
+                       "later-turn-prefilled-tokens": sum(r["prompt-n"] or 0 for r in later),
+                       # of the transcript sent again, how much the servers served from their caches
+                       "resent-cache-hit": round(min(cached, resent) / resent, 3) if resent else None,
                        "later-turn-prefill-ms": round(sum(r["prompt-ms"] or 0.0 for r in later), 1),
                        "all-prefill-ms": round(sum(r["prompt-ms"] or 0.0 for r in mine), 1),
                        "member-switches": sum(1 for a, b in _consecutive(mine) if a["member"] != b["member"]),
@@ -191,12 +213,14 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[str], None] = pr
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--conversations", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=24, help="answer length per turn (default 24)")
+    p.add_argument("--max-tokens", type=int, default=16, help="answer length per turn (default 16)")
     p.add_argument("--seed", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="threads per member server (two run at once)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per server (default 1: two members share 2 cores, and spinning OpenMP threads on a "
+                        "busy core slow llama.cpp down many times over)")
     p.add_argument("--parallel", type=int, default=2, help="slots per member server (default 2)")
     p.add_argument("--rate-requests", type=int, default=8)
-    p.add_argument("--rate-max-tokens", type=int, default=48)
+    p.add_argument("--rate-max-tokens", type=int, default=32)
     p.add_argument("--no-rates", action="store_true")
     p.add_argument("--output", help="result file (default benchmarks/results/llamacpp-outcomes-<stamp>.edn)")
     args = p.parse_args(argv)
@@ -214,21 +238,24 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[str], None] = pr
                               "max-tokens": args.max_tokens, "members": 2, "slots-per-member": args.parallel,
                               "threads-per-member": args.threads},
                      "order": [list(x) for x in order], "summary": affinity_summary(rows), "answers": rows}}
-    if not args.no_rates:
-        progress(f";; honest rates: bench, {args.rate_requests} requests")
-        result["rates"] = honest_rates(args.rate_requests, args.rate_max_tokens, 2)
-    result["seconds"] = round(time.monotonic() - t0, 1)
     out = Path(args.output) if args.output else (
         HERE / "results" / f"llamacpp-outcomes-{started.strftime('%Y-%m-%dT%H%M%SZ')}.edn")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(dumps(_edn(result)) + "\n")
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    out.write_text(dumps(_edn(result)) + "\n")  # the affinity half is kept even if the rates half fails
+    if not args.no_rates:
+        progress(f";; honest rates: bench, {args.rate_requests} requests")
+        result["rates"] = honest_rates(args.rate_requests, args.rate_max_tokens, args.threads)
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        out.write_text(dumps(_edn(result)) + "\n")
     for policy, s in result["affinity"]["summary"].items():
-        progress(f"{policy:>12}: turns 2+ cached {s['later-turn-cached-tokens']}/{s['later-turn-prompt-tokens']}"
-                 f" prompt tokens ({s['later-turn-cache-hit']}), prefill {s['later-turn-prefill-ms']} ms,"
+        progress(f"{policy:>12}: turns 2+ cached {s['later-turn-cached-tokens']} of {s['later-turn-resent-tokens']}"
+                 f" re-sent prompt tokens ({s['resent-cache-hit']}), prefilled {s['later-turn-prefilled-tokens']}"
+                 f" tokens in {s['later-turn-prefill-ms']} ms,"
                  f" member switches {s['member-switches']}")
     if "rates" in result:
         r = result["rates"]
-        progress(f"rates: prefill {r['prefill-ratio']} and decode {r['decode-ratio']} of llama.cpp's own gauges;"
+        progress(f"rates: prefill {r['prefill-ratio']} and decode {r['decode-ratio']} of llama.cpp's /metrics counters;"
                  f" TTFT {r['ttft-over-server-prefill']} of its prefill time")
     progress(f";; wrote {out} in {result['seconds']} s")
     return result

@@ -16,6 +16,7 @@ import httpx
 
 from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
+from ._memo import BoundedMemo
 from ._fields import KWARG_KEYS, version_problems
 from ._errors import (ConfigError, KotobaError, ProtocolError, Redirected, RequestTimeout, ResponseTooLarge,
                       ServerError, StreamBroken, TransportError, Unreachable, ValidationError, register_secret)
@@ -107,14 +108,12 @@ def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
             return cached
     sampling = _structure_sampling(kwargs)
     if key is not None:
-        if len(_SAMPLING_SEEN) >= 256:
-            _SAMPLING_SEEN.clear()
-        _SAMPLING_SEEN[key] = sampling
+        _SAMPLING_SEEN.keep(key, sampling)
     return sampling
 
 
 # Batch callers repeat the same few keyword sets; Sampling is frozen, so one checked instance serves them all.
-_SAMPLING_SEEN: dict[Any, Sampling] = {}
+_SAMPLING_SEEN: BoundedMemo[Any, Sampling] = BoundedMemo(256)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
@@ -137,34 +136,24 @@ def _message_problem(i: int, msg: str, field: str | None = None) -> ValidationEr
 _ROLES = frozenset(ROLES)
 
 
-def _plain_messages(messages: list[Any] | tuple[Any, ...]) -> tuple[Message, ...] | None:
-    """The common case, `[{"role": "user", "content": "..."}]`, typed without the general reader (the
-    same Message it would build); None when any message is anything else."""
-    out = []
-    for m in messages:
-        if type(m) is not dict or len(m) != 2:
-            return None
-        role, content = m.get("role"), m.get("content")
-        if type(role) is not str or role not in _ROLES or type(content) is not str:
-            return None
-        out.append(Message(role=role, content=content))
-    return tuple(out)
-
-
 def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
     """A string (one user turn), typed messages, EDN message maps or OpenAI-style dicts (with
     `tool_calls`, `tool_call_id` and `name` kept). What cannot be kept is a ValidationError."""
     if isinstance(messages, str):
         return (Message(role="user", content=messages),)
-    if type(messages) is list or type(messages) is tuple:
-        fast = _plain_messages(messages)
-        if fast is not None:
-            return fast
-    if isinstance(messages, dict) or not isinstance(messages, Iterable):
+    if type(messages) is not list and type(messages) is not tuple and (  # an ABC check is slow: lists skip it
+            isinstance(messages, dict) or not isinstance(messages, Iterable)):
         raise _message_problem(0, f"messages must be a string or a list of messages, got "
                                   f"{type(messages).__name__}")
     out = []
     for i, m in enumerate(messages):
+        if type(m) is dict and len(m) == 2:
+            # the common `{"role": "user", "content": "..."}`: the Message the general reader builds from it,
+            # without the reader (tests/test_request_reuse.py holds the two equal)
+            role, content = m.get("role"), m.get("content")
+            if type(role) is str and role in _ROLES and type(content) is str:
+                out.append(Message(role=role, content=content))
+                continue
         if isinstance(m, Message):
             out.append(m)
             continue
@@ -217,7 +206,7 @@ class Attempt(AttemptEvidence):
 
 def trace_event(ev: AttemptEvidence, name: str, info: object = None) -> None:
     """One httpcore trace event into the evidence."""
-    # Called ~10 times per request: one tuple-prefix test each, cheapest first.
+    # Called for every trace event of every request: one tuple-prefix test each, cheapest first.
     if name.startswith(_RESPONSE_EVENTS):
         ev.response(seen=True)
     elif name.startswith(_SEND_EVENTS):
@@ -578,7 +567,7 @@ class BaseClient:
         self.model = model
         self._headers = client_headers(self.__api_key, headers)
         self._has_key = "authorization" in self._headers  # a caller's own http client may carry one (subclasses)
-        self._urls: dict[str, httpx.URL] = {}  # see `_url`
+        self._urls: BoundedMemo[str, httpx.URL] = BoundedMemo(256)  # see `_url`
         self.resends = 0  # requests sent again after a stale keep-alive connection (see `_resend`)
         self.managed_server: ManagedServer | None = None  # see `ManagedServer`; set by `LlamaServer.client()`
 
@@ -660,11 +649,11 @@ class BaseClient:
         """The engine version detection read (vLLM's /version, SGLang's server info), if any."""
         return self._versions.get(server_root(base_url) if base_url else self.base_url)
 
-    def _plan(self, req: Request, backend: str, base: str | None = None) -> Plan:
-        """`base`: `_base_for(req)` when the caller has it already."""
+    def _plan(self, req: Request, backend: str, base: str | None = None, checked: bool = False) -> Plan:
+        """`base`: `_base_for(req)` when the caller has it already; `checked`: see `Client.send`."""
         if base is None:
             base = self._base_for(req)
-        problems = send_problems(req, backend)
+        problems = send_problems(req, backend, checked)
         if req.extras and self._versions:
             version = self._versions.get(base)
             if version is not None:
@@ -702,13 +691,8 @@ class BaseClient:
 
     def _url(self, url: str) -> httpx.URL:
         """The parsed URL, cached: parsing a URL string costs as much as the rest of building a request."""
-        cache = self._urls
-        parsed = cache.get(url)
-        if parsed is None:
-            if len(cache) >= 256:
-                cache.clear()
-            parsed = cache[url] = httpx.URL(url)
-        return parsed
+        parsed = self._urls.get(url)
+        return parsed if parsed is not None else self._urls.keep(url, httpx.URL(url))
 
     def _deadline_for(self, deadline: float | None, req: Request) -> float | None:
         """The call's deadline: the argument, else the request's `:vllm/deadline-s`, else the client's."""

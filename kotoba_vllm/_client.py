@@ -320,33 +320,38 @@ class Client(BaseClient, EndpointCalls):
         self._detected[base] = found
         return found
 
-    def _prepare(self, request: RequestInput) -> Plan:
+    def _prepare(self, request: RequestInput, checked: bool = False) -> Plan:
         req = self._with_defaults(self._to_request(request))
         base = self._base_for(req)
-        return self._plan(req, self._backend_for(base) or self.detect_backend(base), base)
+        return self._plan(req, self._backend_for(base) or self.detect_backend(base), base, checked)
 
     # ------------------------------------------------------------ the surface
 
     @overload
-    def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None) -> Response: ...
+    def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
+             checked: bool = False) -> Response: ...
     @overload
     def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
-             deadline: DeadlineArg = None) -> EmbeddingResponse: ...
+             deadline: DeadlineArg = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
     def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
-             deadline: DeadlineArg = None) -> TokenizeResponse: ...
+             deadline: DeadlineArg = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
     def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
-             deadline: DeadlineArg = None) -> DetokenizeResponse: ...
+             deadline: DeadlineArg = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None) -> AnyResponse: ...
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
+             checked: bool = False) -> AnyResponse: ...
 
-    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None) -> AnyResponse:
+    def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
+             checked: bool = False) -> AnyResponse:
         """Send a typed request or an EDN request map; return the typed answer (its type follows
         the request's: `ChatRequest` -> `Response`, `TokenizeRequest` -> `TokenizeResponse`, ...).
         A streaming request is consumed and its assembled response returned. `deadline`: seconds for
-        the whole call (else the request's `:vllm/deadline-s`, else the client's)."""
-        plan = self._prepare(request)
+        the whole call (else the request's `:vllm/deadline-s`, else the client's). `checked=True`: the
+        request already passed the engine-independent checks (a batch entry's `checked`), so only the
+        engine's support is checked before sending."""
+        plan = self._prepare(request, checked)
         t = self._timeout_for(timeout)
         d = self._deadline_for(deadline, plan.request)
         if plan.http.stream:
@@ -544,33 +549,30 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         self._detected[base] = found
         return found
 
-    async def _prepare(self, request: RequestInput) -> Plan:
+    async def _prepare(self, request: RequestInput, checked: bool = False) -> Plan:
         req = self._with_defaults(self._to_request(request))
         base = self._base_for(req)
-        return self._plan(req, self._backend_for(base) or await self.detect_backend(base), base)
+        return self._plan(req, self._backend_for(base) or await self.detect_backend(base), base, checked)
 
     @overload
     async def send(self, request: TextRequest, *, timeout: TimeoutArg = None,
-                   deadline: DeadlineArg = None) -> Response: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> Response: ...
     @overload
     async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None,
-                   deadline: DeadlineArg = None) -> EmbeddingResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
     async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None,
-                   deadline: DeadlineArg = None) -> TokenizeResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
     async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None,
-                   deadline: DeadlineArg = None) -> DetokenizeResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
-                   deadline: DeadlineArg = None) -> AnyResponse: ...
+                   deadline: DeadlineArg = None, checked: bool = False) -> AnyResponse: ...
 
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None,
-                   deadline: DeadlineArg = None) -> AnyResponse:
-        # `_prepare` inline: one coroutine fewer per request once the backend is known
-        req = self._with_defaults(self._to_request(request))
-        base = self._base_for(req)
-        plan = self._plan(req, self._backend_for(base) or await self.detect_backend(base), base)
+                   deadline: DeadlineArg = None, checked: bool = False) -> AnyResponse:
+        plan = await self._prepare(request, checked)
         t = self._timeout_for(timeout)
         d = self._deadline_for(deadline, plan.request)
         if plan.http.stream:

@@ -9,16 +9,19 @@ only when a dialect renders a request (`edn_to_json`).
 
 from __future__ import annotations
 
+import itertools
+import linecache
 import math
 from decimal import Decimal
-from typing import AbstractSet, Any, Callable, Iterable, TypeVar
+from typing import AbstractSet, Any, Callable, Iterable, NamedTuple, TypeVar
 
 import attrs
 import cattrs
 
+from ._keywords import InternedKeyword
 from ._edn import Char, Edn, Form, Keyword, Symbol, dumps, is_keyword_name, keyword_or_string, kw
 from ._errors import EdnWriteError, StructureError
-from ._memo import BoundedMemo
+from ._memo import BoundedMemo, IdentityMemo
 from ._problems import Problem
 
 T = TypeVar("T")
@@ -97,7 +100,7 @@ class _Kw(Codec):
         self.choices = tuple(choices) if choices else None
         self.namespace = namespace
         self.name = "one of " + " ".join(":" + c for c in self.choices) if self.choices else "a keyword"
-        self._text: dict[str, str] = {}  # name -> its checked EDN text
+        self._text: BoundedMemo[str, str] = BoundedMemo(1024)  # name -> its checked EDN text
 
     def to_edn(self, v: Any) -> Edn:
         return kw(f"{self.namespace}/{v}" if self.namespace else v)
@@ -106,8 +109,8 @@ class _Kw(Codec):
         t = self._text.get(v) if type(v) is str else None
         if t is None:
             t = dumps(self.to_edn(v))
-            if type(v) is str and len(self._text) < 1024:
-                self._text[v] = t
+            if type(v) is str:
+                self._text.keep(v, t)
         return t
 
     def from_edn(self, v: Edn, ctx: Ctx, field: str) -> Any:
@@ -261,7 +264,7 @@ def NESTED(cls: type) -> Codec:
 # on every line): class -> {the map's (key, value type, value) entries: the frozen instance}. One instance
 # per distinct map also lets the memos keyed by identity (a clean Sampling, its rendered wire fields) hit.
 _SHARED_MAPS: dict[type, BoundedMemo[tuple[Any, ...], Any]] = {}
-_SCALARS = frozenset((str, int, bool, Keyword, type(None)))
+_SCALARS = frozenset((str, int, bool, InternedKeyword, Keyword, type(None)))
 
 
 def share_structured(cls: type[T]) -> type[T]:
@@ -277,7 +280,7 @@ def _scalar_items(m: dict[Any, Any]) -> tuple[Any, ...] | None:
     out: list[Any] = []
     for k, v in m.items():
         t = type(k)
-        if t is not Keyword:
+        if t is not InternedKeyword and t is not Keyword:
             return None
         t = type(v)
         if t is float:
@@ -402,8 +405,15 @@ def extras_field(namespaces: tuple[str, ...], known: AbstractSet[str] = frozense
 EXTRAS_KNOWN = "edn_extras_known"
 
 
-# (attribute, key, "key " text, text of a non-nil value or None for nil, written when nil, (default, its text))
-_Writer = tuple[str, Keyword, str, Callable[[Any], "str | None"], bool, "tuple[Any, str] | None"]
+class FieldWriter(NamedTuple):
+    """How one field of a registered class is written into its map's text."""
+
+    attr: str
+    key: Keyword
+    key_text: str  # ":vllm/model "
+    write: Callable[[Any], "str | None"]  # text of a non-nil value, or None for nil
+    always: bool  # written (as nil) when nil
+    default: "tuple[Any, str] | None"  # a frozen default object and its text, written once
 
 
 def _plain(codec: Codec) -> bool:
@@ -449,8 +459,8 @@ class _Spec:
         # (attribute, key, "key " text, the value's writer, written when nil, (default, its text) or None)
         # for `write_edn`; a codec whose EDN is the value itself is written by `dumps` directly, a nested
         # class by `write_edn` directly (what `_Nested.write` calls)
-        self.writers: list[_Writer] = [
-            (name, k, dumps(k) + " ", _value_writer(codec), name in self.always, self.default_texts.get(name))
+        self.writers: list[FieldWriter] = [
+            FieldWriter(name, k, dumps(k) + " ", _value_writer(codec), name in self.always, self.default_texts.get(name))
             for name, k, codec in self.fields]
         self._field_writers: dict[frozenset[Keyword], Callable[[Any], list[str]]] = {}
 
@@ -461,28 +471,41 @@ class _Spec:
         out = self._field_writers.get(key)
         if out is None:
             out = self._field_writers[key] = _compile_field_writer(
-                self.cls.__name__, [w for w in self.writers if w[1] not in key])
+                self.cls.__name__, [w for w in self.writers if w.key not in key])
         return out
 
 
-def _compile_field_writer(cls_name: str, writers: list[_Writer]) -> Callable[[Any], list[str]]:
-    """The loop over `writers` unrolled into straight code (as attrs makes `__init__`): per field, an
-    attribute read and a test instead of a tuple unpacked and a `getattr` call; a third of a record's cost."""
+def _compile_field_writer(cls_name: str, writers: list[FieldWriter]) -> Callable[[Any], list[str]]:
+    """The loop over `writers` unrolled into straight code, generated once per class and skip set the way
+    attrs makes `__init__`: per field, an attribute read by name and a test instead of a tuple unpacked
+    and a `getattr` call, once per field of every record. The source is registered with `linecache`, so a
+    traceback through it shows the generated line."""
     names: dict[str, Any] = {}
     body = ["def write_fields(obj):", "    parts = []", "    add = parts.append"]
-    for i, (attr, _, key_text, write, always, default) in enumerate(writers):
-        names[f"write{i}"] = write
-        nil = f"add({key_text + 'nil'!r})" if always else "pass"
-        body += [f"    v = obj.{attr}", "    if v is None:", f"        {nil}"]
-        if default is not None:  # a field holding its (frozen, shared) default object: its text once
-            names[f"default{i}"] = default[0]
-            body += [f"    elif v is default{i}:", f"        add({key_text + default[1]!r})"]
-        body += ["    else:", f"        text = write{i}(v)", "        if text is None:", f"            {nil}",
-                 "        else:", f"            add({key_text!r} + text)"]
+    for w in writers:
+        names[f"write_{w.attr}"] = w.write
+        nil = f"add({w.key_text + 'nil'!r})" if w.always else "pass"
+        body += [f"    v = obj.{w.attr}", "    if v is None:", f"        {nil}"]
+        if w.default is not None:  # a field holding its (frozen, shared) default object: its text once
+            names[f"default_{w.attr}"] = w.default[0]
+            body += [f"    elif v is default_{w.attr}:", f"        add({w.key_text + w.default[1]!r})"]
+        body += ["    else:", f"        text = write_{w.attr}(v)", "        if text is None:", f"            {nil}",
+                 "        else:", f"            add({w.key_text!r} + text)"]
     body.append("    return parts")
-    exec(compile("\n".join(body), f"<write_fields {cls_name}>", "exec"), names)  # noqa: S102 - our own text
+    source = "\n".join(body) + "\n"
+    filename = _generated_filename(f"write_fields {cls_name}")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), names)  # noqa: S102 - our own text, one function per class
     fn: Callable[[Any], list[str]] = names["write_fields"]
     return fn
+
+
+_GENERATED = itertools.count(1)
+
+
+def _generated_filename(what: str) -> str:
+    """A unique pseudo file name for generated source (attrs' convention: `<attrs generated init ...>`)."""
+    return f"<kotoba_vllm generated {what} {next(_GENERATED)}>"
 
 
 def _value_writer(codec: Codec) -> Callable[[Any], "str | None"]:
@@ -596,32 +619,31 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
         for name, x in extras.items():
             if skipped is not None and name in skipped:
                 continue
-            entry = kept.get(id(x))
-            if entry is not None and entry[0] is x and entry[1] == name:
-                parts.append(entry[2])
+            entry = kept.get(x)
+            if entry is not None and entry[0] == name:
+                parts.append(entry[1])
             else:
                 parts.append((keys.get(name) or _extra_key(name)) + dumps(x))
     return parts
 
 
-# id(value) -> (the value, its extra's name, the entry's "key value" text): an extra a caller puts in many
-# records (a pool's member, why and verdict), written once. The entry holds the value, so while it is kept
-# its id names no other object.
-_KEPT_ENTRIES: BoundedMemo[int, tuple[Any, str, str]] = BoundedMemo(1024)
-_IMMUTABLE = (str, bool, int, Keyword, type(None))
+# value -> (its extra's name, the entry's "key value" text): an extra a caller puts in many records (a pool's
+# member, why and verdict) as the very same object, written once.
+_KEPT_ENTRIES: IdentityMemo[Any, tuple[str, str]] = IdentityMemo(1024)
+_IMMUTABLE = (str, bool, int, InternedKeyword, Keyword, type(None))
 
 
 def keep_extra_text(name: str, value: Any) -> None:
     """Keep the record text of the extra `name` holding `value`, for `write_fields` to reuse whenever that
     very object is that extra again. Immutable values only (a kept text must stay true)."""
-    had = _KEPT_ENTRIES.get(id(value))
-    if type(value) not in _IMMUTABLE or had is not None and had[0] is value and had[1] == name:
+    had = _KEPT_ENTRIES.get(value)
+    if type(value) not in _IMMUTABLE or had is not None and had[0] == name:
         return
     try:
         text = (_EXTRA_KEYS.get(name) or _extra_key(name)) + dumps(value)
     except EdnWriteError:
         return  # no text: the record writer says so when it meets the extra
-    _KEPT_ENTRIES.keep(id(value), (value, name, text))
+    _KEPT_ENTRIES.keep(value, (name, text))
 
 
 # extra name -> its "key " text: a pool writes the same four extras into every record

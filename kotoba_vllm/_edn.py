@@ -24,7 +24,7 @@ import edn_format
 from edn_format import Keyword, Symbol
 
 from ._errors import EdnError, EdnWriteError
-from ._keywords import is_keyword_name, keyword_or_string, kw
+from ._keywords import InternedKeyword, is_keyword_name, keyword_or_string, kw
 
 __all__ = [
     "BigInt", "Char", "Edn", "EdnError", "EdnMap", "Form", "Keyword", "Symbol", "WHITESPACE", "dumps",
@@ -634,6 +634,38 @@ def _same_place(value: Any, twin: Any, target: object) -> Any:
     return None
 
 
+def plain_edn(v: Any) -> Any:
+    """`v` with every other mapping as a dict and every other sequence as a list, recursively: what
+    `edn_format.loads` returns (its immutable maps and vectors) becomes the plain values our reader
+    makes. `v` itself, and each part of it, when it holds nothing to convert (a located form keeps
+    the identities its positions are found by)."""
+    t = type(v)
+    if t is dict:
+        out = None
+        for k, x in v.items():
+            y = plain_edn(x)
+            if y is not x:
+                if out is None:
+                    out = dict(v)
+                out[k] = y
+        return v if out is None else out
+    if t is list or t is tuple:
+        changed = [plain_edn(x) for x in v]
+        if all(y is x for x, y in zip(changed, v)):
+            return v
+        return changed if t is list else tuple(changed)
+    if t in _ATOMS:
+        return v
+    if isinstance(v, Mapping):
+        return {k: plain_edn(x) for k, x in v.items()}
+    if isinstance(v, Sequence) and not isinstance(v, (str, bytes)):
+        return [plain_edn(x) for x in v]
+    return v
+
+
+_ATOMS = frozenset((str, int, float, bool, type(None), Decimal))
+
+
 def read_all(text: str, source: str = "<string>") -> list[Edn]:
     return [f.value for f in read_forms(text, source)]
 
@@ -710,7 +742,7 @@ def _scalar(v: Any) -> str | None:  # Any: dispatch on exact type (faster), whic
     t = type(v)
     if t is str:
         return _str(v)
-    if t is Keyword:
+    if t is InternedKeyword or t is Keyword:
         return _name(v.name, ":")
     if t is int:
         return str(v)
@@ -727,7 +759,7 @@ def dumps(value: object) -> str:
     with a space in it, an object with no EDN form)."""
     v: Any = value  # dispatch on exact type (faster than isinstance), which mypy does not narrow
     t = type(v)  # exact types that responses are made of first; the general rules below
-    if t is Keyword:
+    if t is InternedKeyword:
         return _name(v.name, ":")
     if t is str:
         return _str(v)

@@ -1,4 +1,4 @@
-"""Keywords: interned, hashed fast, and which names can be keywords at all.
+"""Keywords: interned, hashed once, and which names can be keywords at all.
 
 The lowest layer with `_errors`: both it and the EDN reader and writers (`_edn`) name keywords.
 """
@@ -6,15 +6,38 @@ The lowest layer with `_errors`: both it and the EDN reader and writers (`_edn`)
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from edn_format import Keyword
 
-__all__ = ["Keyword", "is_keyword_name", "keyword_or_string", "kw"]
+__all__ = ["InternedKeyword", "Keyword", "is_keyword_name", "keyword_or_string", "kw"]
 
-# edn_format hashes a Keyword by building an ImmutableDict of its __dict__ on every call
-# (~1.8 us); keyword-keyed dict lookups made that a third of reading a request file.
-# Equal keywords have equal names, so hashing the name keeps hash/eq consistent.
-Keyword.__hash__ = lambda self: hash(self._name)  # type: ignore[method-assign]
+class InternedKeyword(Keyword):
+    """A keyword as `kw` makes it: an `edn_format.Keyword`, equal to and hashed as edn_format's own
+    keyword of the same name (so maps built with `edn_format.loads` or `edn_format.Keyword` work
+    wherever the SDK takes EDN), with that hash computed once. edn_format hashes by building an
+    immutable dict of the instance's `__dict__` on every call, and keyword-keyed dict lookups are most
+    of reading a request; edn_format's class itself is left as it is. Exact-type dispatch (`type(v) is
+    InternedKeyword`) finds ours first; a user's `Keyword` takes the general (isinstance) branch."""
+
+    __slots__ = ("_hash",)  # a slot, not `__dict__`: edn_format's equality compares `__dict__`s
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._hash: int = Keyword.__hash__(self)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or isinstance(other, Keyword) and other.__dict__ == self.__dict__
+
+    def __repr__(self) -> str:
+        return f"Keyword({self.name})"  # as edn_format writes its own
+
+    def __reduce__(self) -> tuple[Callable[[str], Keyword], tuple[str]]:
+        return kw, (self.name,)  # another process hashes strings differently: intern there afresh
+
 
 _KW_CACHE: dict[str, Keyword] = {}
 
@@ -23,7 +46,7 @@ def kw(name: str) -> Keyword:
     """An interned `Keyword` (`kw("vllm/model")` is `:vllm/model`)."""
     k = _KW_CACHE.get(name)
     if k is None:
-        k = _KW_CACHE[name] = Keyword(name)
+        k = _KW_CACHE[name] = InternedKeyword(name)
     return k
 
 

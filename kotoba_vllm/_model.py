@@ -12,7 +12,7 @@ import attrs
 
 from ._codec import (BOOL, INT, INT_OR_BOOL, JSON, KW, MANY, NESTED, NUM, ONE_OF, STR, TEXT_OR_NIL, WORD,
                      edn_converter, edn_field, extras_field, register, share_structured)
-from ._edn import Edn, Keyword
+from ._edn import Edn, Keyword, plain_edn
 from ._fields import SHARED_KEYS
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -483,7 +483,7 @@ class StreamDelta:
 
 
 # A stream makes one StreamDelta per chunk: attrs' frozen __init__ sets each slot through a guarded
-# `object.__setattr__` (half the cost of an assembled chunk); the slots' own setters do the same work.
+# `object.__setattr__` (the largest part of assembling a chunk); the slots' own setters do the same work.
 _NEW_DELTA = object.__new__
 _SET_DELTA, _SET_FINISH, _SET_INDEX, _SET_REASONING, _SET_TOOLS, _SET_LOGPROBS = (  # a new field fails here
     StreamDelta.__dict__[f.name].__set__ for f in attrs.fields(StreamDelta))
@@ -675,7 +675,7 @@ def to_edn(obj: attrs.AttrsInstance) -> dict[Keyword, Edn]:
 def from_edn(m: object, cls: type[T]) -> T:
     """EDN data -> typed value; anything else, or EDN of the wrong shape, raises `StructureError`
     with located problems."""
-    return edn_converter.structure(m, cls)
+    return edn_converter.structure(plain_edn(m), cls)
 
 
 _ = Keyword  # re-exported for typing users

@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 from urllib.parse import urlsplit
 
 from ._errors import ConfigError
+from ._memo import BoundedMemo
 
 Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -48,7 +49,7 @@ class TrustedOrigins:
 
     def __init__(self, urls: Iterable[str] = ()) -> None:
         self._origins: set[Origin] = set()
-        self._cache: dict[str, bool] = {}
+        self._cache: BoundedMemo[str, bool] = BoundedMemo(256)
         for u in urls:
             self.add(u)
 
@@ -61,11 +62,7 @@ class TrustedOrigins:
 
     def allows(self, url: str) -> bool:
         hit = self._cache.get(url)
-        if hit is None:
-            if len(self._cache) >= 256:
-                self._cache.clear()
-            hit = self._cache[url] = origin_of(url) in self._origins
-        return hit
+        return hit if hit is not None else self._cache.keep(url, origin_of(url) in self._origins)
 
     def __iter__(self) -> Iterator[Origin]:
         return iter(sorted(self._origins))

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 import attrs
 
 from ._codec import describe, structure_located
-from ._edn import Edn, Form, Keyword, kw
+from ._edn import Edn, Form, Keyword, kw, plain_edn
 from ._model import ENDPOINTS, REQUEST_CLASSES, Request, to_edn
 from ._problems import Problem
 
@@ -19,6 +19,8 @@ _NOT_FIELDS = frozenset((K_ENDPOINT,))  # the dispatch key, read here
 
 def request_from_edn(m: Edn, form: Form | None = None) -> tuple[Request | None, list[Problem]]:
     """A typed request from an EDN map, or None and the problems (located when `form` is given)."""
+    if form is None:  # a caller's map (maybe edn_format's); our reader's forms hold plain values already
+        m = plain_edn(m)
     if not isinstance(m, dict):
         return None, [Problem("error", "request/type", f"a request must be a map, got {describe(m)}",
                               where=_where(form))]

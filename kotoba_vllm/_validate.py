@@ -8,25 +8,24 @@ from __future__ import annotations
 import math
 
 from ._fields import stream_problems, value_problems
+from ._memo import IdentityMemo
 from ._model import ChatRequest, Request, Sampling
 from ._problems import Problem
 from ._sampling import KNOBS_BY_ATTR, STRUCTURED_ATTRS
 from .dialects import get_dialect
 
 
-# Samplings found clean, by identity (held, so an id is not reused while here): every value checked
-# below is immutable in a frozen Sampling, and batches and keyword arguments repeat the same few.
-_CLEAN_SAMPLINGS: dict[int, Sampling] = {}
+# Samplings found clean: every value checked below is immutable in a frozen Sampling, and batches and
+# keyword arguments repeat the same few objects (by identity: an attrs hash walks every field).
+_CLEAN_SAMPLINGS: IdentityMemo[Sampling, bool] = IdentityMemo(1024)
 
 
 def sampling_problems(s: Sampling) -> list[Problem]:
-    if _CLEAN_SAMPLINGS.get(id(s)) is s:
+    if _CLEAN_SAMPLINGS.get(s):
         return []
     out = _sampling_problems(s)
     if not out:
-        if len(_CLEAN_SAMPLINGS) >= 1024:
-            _CLEAN_SAMPLINGS.clear()
-        _CLEAN_SAMPLINGS[id(s)] = s
+        _CLEAN_SAMPLINGS.keep(s, True)
     return out
 
 
@@ -78,6 +77,10 @@ def request_problems(req: Request) -> list[Problem]:
     if req.extras:
         out.extend(value_problems(req.extras, req.stream, sampling.max_tokens if sampling is not None else None))
         out.extend(stream_problems(req.extras, req.stream))
+    deadline = req.deadline_s
+    if deadline is not None and not deadline > 0:  # a whole-call deadline (inf: none)
+        out.append(Problem("error", "request/deadline", f":vllm/deadline-s must be a positive number of seconds, "
+                           f"got {deadline!r}", field="vllm/deadline-s"))
     if req.stream and req.endpoint in ("embedding", "tokenize", "detokenize"):
         out.append(Problem("error", "request/stream", f"the {req.endpoint} endpoint does not stream",
                            field="vllm/stream"))
@@ -92,25 +95,11 @@ def validate(req: Request, backend: str | None = None) -> list[Problem]:
     return out
 
 
-# Requests whose engine-independent checks already ran (a batch reads and checks each request before
-# sending it): sending checks only the engine's support, not the same ranges twice. Keyed by identity
-# and holding the request, so an id cannot be reused while it is here; bounded, since a request that
-# is never sent (--resume skips it, a stop) is never taken out.
-_CHECKED: dict[int, Request] = {}
-_CHECKED_MAX = 4096
-
-
-def mark_checked(req: Request) -> None:
-    """Note that `request_problems(req)` found no error, so sending `req` need not run it again."""
-    if len(_CHECKED) >= _CHECKED_MAX:
-        _CHECKED.clear()  # forgetting only costs a second check
-    _CHECKED[id(req)] = req
-
-
-def send_problems(req: Request, backend: str) -> list[Problem]:
-    """What `validate(req, backend)` says, for a request about to be sent: when `req` was marked checked
-    and the engine finds no error either, there is nothing to report (warnings do not stop a send)."""
-    if _CHECKED.pop(id(req), None) is not req:
+def send_problems(req: Request, backend: str, checked: bool = False) -> list[Problem]:
+    """What `validate(req, backend)` says, for a request about to be sent. `checked`: `request_problems(req)`
+    already ran (a batch entry, read and checked before it is sent) and found no error; then, when the engine
+    finds no error either, there is nothing to report (warnings do not stop a send)."""
+    if not checked:
         return validate(req, backend)
     if backend == "auto":
         return []

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, TypeVar, overload
+from typing import Any, AsyncIterator, Generic, Iterator, Mapping, Sequence, TypeVar, overload
 
 import attrs
 import httpx
@@ -43,8 +43,9 @@ from ._client import AsyncClient, AsyncStream, Client, Stream
 from ._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire, default_sync_wire, default_wire
 from ._wire_core import DEFAULT_MAX_BYTES, PROBE_MAX_BYTES
 from ._codec import BOOL, KW, MANY, NUM, STR, keep_extra_text
-from ._edn import Edn, EdnMap, Keyword, kw, read_file
+from ._edn import Edn, EdnMap, Keyword, kw, plain_edn, read_file
 from ._errors import AdmissionRejected, ConfigError
+from ._memo import IdentityMemo
 from ._model import (BACKENDS, AnyResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
                      Request, Response, StreamDelta, TextRequest, TokenizeRequest, TokenizeResponse)
 from .capacity._affinity import Affinity
@@ -54,6 +55,7 @@ from .capacity._verdict import Admission, merge_pool_capacity
 from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
 
 R = TypeVar("R", bound=Request)
+C = TypeVar("C", Client, AsyncClient)  # a pool's member clients
 # How long the async pool keeps a probe connection idle: past the default interval plus a probe
 PROBE_KEEPALIVE_S = 5.0
 
@@ -84,6 +86,7 @@ class PoolConfig:
 
 def pool_config_from_edn(m: Edn, where: str = "pool") -> PoolConfig:
     """Read a pool map; raises ValueError naming the key."""
+    m = plain_edn(m)
     if not isinstance(m, dict):
         raise ConfigError(f"{where}: a pool is a map with :pool/members")
     known = {kw(a.metadata["edn"]) for a in attrs.fields(PoolConfig)}
@@ -131,7 +134,9 @@ def load_pool_config(path: str) -> PoolConfig:
 # ------------------------------------------------------------------ shared decisions
 
 
-class _PoolCore:
+class _PoolCore(Generic[C]):
+    clients: dict[str, C]
+
     def __init__(self, base_urls: Sequence[str], *, backend: str, probe_timeout: float | httpx.Timeout | None,
                  affinity_entries: int, capacity_interval_s: float = DEFAULT_INTERVAL_S,
                  server_load_tracked: bool = False) -> None:
@@ -156,7 +161,7 @@ class _PoolCore:
         self.last_capacity: PoolCapacity | None = None
         self.view = CapacityView(self.members, capacity_interval_s)
         self._noted_cap: PoolCapacity | None = None  # the round `_notes` were made for
-        self._notes: dict[int, tuple[Admission, dict[str, Edn]]] = {}  # by id(admission)
+        self._notes: IdentityMemo[Admission, dict[str, Edn]] = IdentityMemo(1024)  # the round's admissions' extras
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self.members)!r}, backend={self.backend!r})"
@@ -170,15 +175,18 @@ class _PoolCore:
         if b is not None and self.backend == "auto":
             client.learn_backend(member, b)  # the probe already detected it: no second detection
 
-    def _decide(self, cap: PoolCapacity, req: Request, conversation: str | None) -> Admission:
-        """Choose, and count the request in flight on its member (`_done` ends it)."""
+    def _place(self, req: Request, cap: PoolCapacity, conversation: str | None) -> tuple[Admission, C]:
+        """Choose a member for `req` on round `cap` and count it in flight there (`_done` ends it);
+        the member's client, taught the backend the probe detected."""
         self.last_capacity = cap
         adm = self.view.take(cap, self.affinity.lookup(req, conversation))
         if adm.member is None:
             raise AdmissionRejected(
                 f"every pool member ({len(self.members)}) was measured busy; nothing was sent",
                 reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn())
-        return adm
+        client = self.clients[adm.member]
+        self._teach(client, adm.member)
+        return adm, client
 
     def _done(self, member: str) -> None:
         self.view.end(member, time.monotonic())
@@ -190,20 +198,19 @@ class _PoolCore:
 
     def _annotate_text(self, resp: Response, adm: Admission, cap: PoolCapacity) -> Response:
         if self._noted_cap is not cap:
-            self._noted_cap, self._notes = cap, {}
+            self._noted_cap = cap
+            self._notes.clear()
         # The same few admissions recur (the view hands out the ones it made): their extras are made once a
         # round, found by identity (an attrs hash is a Python call), and their EDN text is kept for the records
-        made = self._notes.get(id(adm))
-        if made is not None and made[0] is adm:
-            notes = made[1]
-        else:
+        notes = self._notes.get(adm)
+        if notes is None:
             a = cap.answer_for(adm.member or "")
             notes = {"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why}
             if a is not None:
                 notes["capacity/verdict"] = kw(a.verdict)
             for name, v in notes.items():
                 keep_extra_text(name, v)
-            self._notes[id(adm)] = (adm, notes)
+            self._notes.keep(adm, notes)
         # `resp` is the answer our member client just made for this call and handed to nobody else: its
         # extras dict is added to in place (a copy of the whole response costs more than the rest of
         # the pool's work per request)
@@ -275,7 +282,7 @@ class PoolStream:
         self.close()
 
 
-class Pool(_PoolCore):
+class Pool(_PoolCore[Client]):
     """`Pool(["http://a:8080", "http://b:8080"], backend="llamacpp", api_key=...)`."""
 
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
@@ -293,7 +300,7 @@ class Pool(_PoolCore):
         self.model = model
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
-        self.clients: dict[str, Client] = {
+        self.clients = {
             u: Client(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
                       http_client=http_client, deadline=deadline, stream_idle_s=stream_idle_s,
                       max_response_bytes=max_response_bytes)
@@ -375,33 +382,31 @@ class Pool(_PoolCore):
     def _admit(self, request: R, conversation: str | None) -> tuple[R, Admission, PoolCapacity, Client]:
         req = self._for_pool(request)
         cap = self._current()
-        adm = self._decide(cap, req, conversation)
-        client = self.clients[adm.member or ""]
-        self._teach(client, adm.member or "")
+        adm, client = self._place(req, cap, conversation)
         return req, adm, cap, client
 
     @overload
     def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-             conversation: str | None = None) -> Response: ...
+             conversation: str | None = None, checked: bool = False) -> Response: ...
     @overload
     def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-             conversation: str | None = None) -> EmbeddingResponse: ...
+             conversation: str | None = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
     def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-             conversation: str | None = None) -> TokenizeResponse: ...
+             conversation: str | None = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
     def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-             conversation: str | None = None) -> DetokenizeResponse: ...
+             conversation: str | None = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
     def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-             conversation: str | None = None) -> AnyResponse: ...
+             conversation: str | None = None, checked: bool = False) -> AnyResponse: ...
 
     def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-             conversation: str | None = None) -> AnyResponse:
+             conversation: str | None = None, checked: bool = False) -> AnyResponse:
         """Same as `Client.send`, through the pool."""
         req, adm, cap, client = self._admit(to_request(request), conversation)
         try:
-            resp = client.send(req, timeout=timeout, deadline=deadline)
+            resp = client.send(req, timeout=timeout, deadline=deadline, checked=checked)
         except AdmissionRejected as e:
             raise _attach(e, cap)
         finally:
@@ -483,7 +488,7 @@ class AsyncPoolStream:
         await self.aclose()
 
 
-class AsyncPool(_PoolCore):
+class AsyncPool(_PoolCore[AsyncClient]):
     """Asynchronous twin of `Pool`."""
 
     def __init__(self, base_urls: Sequence[str], *, backend: str = "auto", api_key: str | None = None,
@@ -500,7 +505,7 @@ class AsyncPool(_PoolCore):
         # how long past the interval the previous round may still be read while the next one runs
         # `http_client`: the caller's httpx client for every member (its own performance, its proxies and mocks)
         self._own_http = http_client is None
-        self.clients: dict[str, AsyncClient] = {
+        self.clients = {
             u: AsyncClient(u, backend=backend, api_key=api_key, timeout=timeout, headers=headers, model=model,
                            http_client=http_client, deadline=deadline, stream_idle_s=stream_idle_s,
                            max_response_bytes=max_response_bytes)
@@ -586,47 +591,35 @@ class AsyncPool(_PoolCore):
         cap = self._readable(time.monotonic())
         if cap is None:
             cap = await self._current()
-        adm = self._decide(cap, req, conversation)
-        client = self.clients[adm.member or ""]
-        self._teach(client, adm.member or "")
+        adm, client = self._place(req, cap, conversation)
         return req, adm, cap, client
 
     @overload
     async def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None) -> Response: ...
+                   conversation: str | None = None, checked: bool = False) -> Response: ...
     @overload
     async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None) -> EmbeddingResponse: ...
+                   conversation: str | None = None, checked: bool = False) -> EmbeddingResponse: ...
     @overload
     async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None) -> TokenizeResponse: ...
+                   conversation: str | None = None, checked: bool = False) -> TokenizeResponse: ...
     @overload
     async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None) -> DetokenizeResponse: ...
+                   conversation: str | None = None, checked: bool = False) -> DetokenizeResponse: ...
     @overload
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None) -> AnyResponse: ...
+                   conversation: str | None = None, checked: bool = False) -> AnyResponse: ...
 
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None) -> AnyResponse:
-        # `_admit` inline: the view's round is read without a round trip through the event loop
-        req = self._for_pool(to_request(request))
-        view = self.view
-        cap = self._readable(time.monotonic())
-        if cap is None:
-            cap = await self._current()
-        adm = self._decide(cap, req, conversation)
-        member = adm.member or ""
-        client = self.clients[member]
-        if self._detected:
-            self._teach(client, member)
+                   conversation: str | None = None, checked: bool = False) -> AnyResponse:
+        req, adm, cap, client = await self._admit(to_request(request), conversation)
         try:
-            resp = await client.send(req, timeout=timeout, deadline=deadline)
+            resp = await client.send(req, timeout=timeout, deadline=deadline, checked=checked)
         except AdmissionRejected as e:
             raise _attach(e, cap)
         finally:
-            view.end(member, time.monotonic())
-        self.affinity.remember(req, member, conversation)
+            self._done(adm.member or "")
+        self.affinity.remember(req, adm.member or "", conversation)
         return self._annotate(resp, adm, cap)
 
     async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,

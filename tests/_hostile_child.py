@@ -47,6 +47,11 @@ def _sync(spec: dict[str, Any]) -> str:
             setattr(c, k, v)
         if call == "detect":
             return c.detect_backend()
+        if call == "server_config":
+            cfg = c.server_config()
+            return f"measured={cfg.measured} reason={cfg.reason}"
+        if call == "rerank":
+            return str(c.rerank("q", ["a", "b"]))
         if call == "stream":
             with c.stream_chat(MSGS) as s:
                 return s.until_done().text
@@ -64,6 +69,11 @@ async def _async(spec: dict[str, Any]) -> str:
             setattr(c, k, v)
         if call == "detect":
             return await c.detect_backend()
+        if call == "server_config":
+            cfg = await c.server_config()
+            return f"measured={cfg.measured} reason={cfg.reason}"
+        if call == "rerank":
+            return str(await c.rerank("q", ["a", "b"]))
         if call == "stream":
             s = await c.stream_chat(MSGS)
             return (await s.until_done()).text
@@ -103,7 +113,11 @@ def main() -> None:
     t0 = time.monotonic()
     out: dict[str, Any] = {"ok": None, "kind": None, "phase": None, "what": None, "message": None}
     try:
-        if spec["path"] in ("client", "pool"):
+        if spec["path"] == "openai":  # the peer, measured beside us (benchmarks only)
+            import openai
+            oc = openai.OpenAI(base_url=spec["url"] + "/v1", api_key="x", max_retries=0, timeout=30)
+            out["ok"] = oc.chat.completions.create(model="m", messages=MSGS).choices[0].message.content  # type: ignore
+        elif spec["path"] in ("client", "pool"):
             out["ok"] = _sync(spec)
         elif spec["path"] in ("async", "apool"):
             out["ok"] = asyncio.run(_async(spec))

@@ -4,7 +4,7 @@
   (the byte count is the resend rule's evidence; aiohttp has no public hook for received bytes);
 - `CountingHandler` keeps aiohttp's per-read timeout lazily, overriding `ResponseHandler`'s
   `_reschedule_timeout` / `_drop_timeout` and reading `_read_timeout`, `_read_timeout_handle`,
-  `_on_read_timeout` (two timers fewer per request: docs/performance-notes.md).
+  `_on_read_timeout` (two timers fewer per request: CHANGELOG.md, "Performance history").
 
 Both are private, so `pyproject.toml` pins aiohttp to the minor series they were tested on, and this
 file fails the day an aiohttp within (or outside) that pin moves them.

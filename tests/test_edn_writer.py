@@ -90,3 +90,20 @@ def test_extras_whose_text_is_kept_write_the_same_record(extras: dict[str, Any],
     e = BatchEntry(3, "f.edn:1:1", ChatRequest(messages=(Message(role="user", content="hi"),)))
     assert Recorder("edn").ok(e, resp, []) == [_generic_record(e, resp)]
     assert write_edn(resp) == dumps(to_edn(resp))
+
+
+def test_a_traceback_through_a_generated_writer_shows_its_source() -> None:
+    """The per-class writer is generated source registered with linecache (as attrs does): a failure
+    inside it shows the generated line, not an empty frame."""
+    import traceback
+
+    from kotoba_vllm._codec import class_spec
+    from kotoba_vllm._model import Response
+    write = class_spec(Response).field_writer(frozenset())
+    try:
+        write(object())  # no `.text`: fails on the generated line that reads it
+    except AttributeError:
+        shown = traceback.format_exc()
+    else:
+        raise AssertionError("an object without the fields was written")
+    assert "<kotoba_vllm generated write_fields Response" in shown and "v = obj.text" in shown, shown

@@ -466,3 +466,29 @@ def test_a_file_over_the_limit_is_refused_before_it_is_read(tmp_path) -> None:
     _, problems = inline_local_media(r, [str(tmp_path)], max_bytes=99)
     assert [p.code for p in problems] == ["message/media"] and "over the 99-byte limit" in problems[0].msg
     assert ("message/media", "vllm/path") in errors(r, "vllm")  # never sent with the path unread
+
+
+def test_bad_new_fields_in_a_file_are_located_and_nothing_is_sent(tmp_path, capsys) -> None:
+    f = tmp_path / "bad.edn"
+    f.write_text('{:vllm/endpoint :chat\n :vllm/messages [{:vllm/role :user :vllm/content "hi"}]\n'
+                 ' :vllm/min-tokens "three"\n :vllm/logit-bias {50 300}\n :sglang/ebnf 1}\n')
+    with FaultServer() as srv:
+        main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--no-progress"])
+        assert not [s for s in srv.seen if s.path == "/v1/chat/completions"]
+    [rec] = _records(capsys.readouterr().out)
+    where = {p[kw("vllm/field")]: p[kw("vllm/where")] for p in rec[kw("vllm/problems")]}
+    assert where[kw("vllm/min-tokens")] == f"{f}:3:2" and where[kw("vllm/logit-bias")] == f"{f}:4:2"
+    assert where[kw("sglang/ebnf")] == f"{f}:5:2"
+
+
+def test_jsonl_records_carry_both_request_ids(tmp_path, capsys) -> None:
+    import json
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+                             "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}) + "\n")
+    with FaultServer(echo_id) as srv:
+        main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--request-ids", "--no-progress"])
+    [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    ours = line["kotoba"]["request_id"]
+    assert ours == "c1" and line["kotoba"]["server_request_id"] == ours  # a JSONL line's custom_id is its id
+    assert line["response"]["request_id"] == ours  # OpenAI's batch output: the id the server answered with

@@ -121,3 +121,22 @@ def test_growing_conversation_is_served_from_the_prefix_cache(gemma_url: str) ->
 def _dumps(r: Any) -> str:
     from kotoba_vllm._edn import dumps
     return dumps(to_edn(r))
+
+
+def test_run_local_with_the_gemma_model_answers_with_real_text(tmp_path: Any) -> None:
+    """The README's first command with its one flag: `run FILE --local --model gemma3-270m` starts its own
+    llama-server on the quantized GGUF (the build carries no AMX, so no SIGILL) and answers."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    req = tmp_path / "ask.edn"
+    req.write_text('{:vllm/endpoint :completion :vllm/prompt "The capital of France is"'
+                   ' :vllm/sampling {:vllm/max-tokens 6 :vllm/temperature 0.0}}\n')
+    p = subprocess.run([sys.executable, "-m", "kotoba_vllm", "run", str(req), "--local", "--model", "gemma3-270m"],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    record = loads(p.stdout.strip().splitlines()[-1])
+    assert kw("vllm/error") not in record, record
+    text = record[kw("vllm/text")]
+    assert re.search(r"[A-Za-z]{3,}", text) and "gemma-3-270m" in record[kw("vllm/model")], record

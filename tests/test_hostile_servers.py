@@ -395,8 +395,8 @@ def test_a_deeply_nested_jsonl_line_gets_the_edn_readers_problem(depth: int) -> 
 @pytest.mark.parametrize("path", ["client", "async", "run"])
 def test_a_big_answer_costs_a_small_multiple_of_its_size(path: str) -> None:
     """A 24 MiB answer, under the default limit: the client's peak memory over the same call with a tiny
-    answer is a small multiple of the answer - measured 3.0x for the clients (its bytes and its text), 4.0x
-    for `run` (the record written besides) - never the 7-8x it was."""
+    answer is a small multiple of the answer - measured 3.0x for the clients and for `run` (openai-python:
+    3.2x), where `run` was 5.0x before its record was written in pieces - never the 7-8x it was."""
     size = 24 * MiB
 
     def grown(n: int) -> int:
@@ -407,4 +407,41 @@ def test_a_big_answer_costs_a_small_multiple_of_its_size(path: str) -> None:
         return (out["rss_peak_kb"] - out["rss_before_kb"]) * 1024
 
     multiple = (grown(size) - grown(1024)) / size
-    assert multiple <= (4.3 if path == "run" else 3.3), f"{path}: {multiple:.1f}x the answer"
+    assert multiple <= 3.3, f"{path}: {multiple:.1f}x the answer"
+
+
+def test_a_requests_own_deadline_in_edn() -> None:
+    def req(deadline: str) -> Any:
+        text = ('{:vllm/endpoint :chat :vllm/deadline-s %s :vllm/messages [{:vllm/role :user :vllm/content "x"}]}'
+                % deadline)
+        return next(iter(kotoba_vllm.read_forms(text))).value
+
+    with FaultServer(trickle) as srv, kotoba_vllm.Client(srv.base_url, backend="vllm", timeout=10) as c:
+        with pytest.raises(kotoba_vllm.RequestTimeout) as ei:
+            c.send(req("0.8"))
+        with pytest.raises(kotoba_vllm.ValidationError) as bad:
+            c.send(req("-1"))
+    assert ei.value.phase == "total" and ei.value.limit_s == pytest.approx(0.8, abs=0.01)
+    assert bad.value.problems[0].field == "vllm/deadline-s"
+
+
+# ------------------------------------------------------------------ the endpoints other issues added
+
+
+@pytest.mark.parametrize("server", ["trickle", "bomb"])
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_server_config_is_bounded_like_a_capacity_probe(path: str, server: str) -> None:
+    script = trickle_everything if server == "trickle" else bomb_everything
+    with FaultServer(script) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "call": "server_config",
+                         "client": {"max_response_bytes": SMALL}})
+    assert out["kind"] is None and out["ok"].startswith("measured=False"), out
+    assert ("probe deadline" if server == "trickle" else "size limit") in out["ok"], out
+    assert out["elapsed_s"] < 9  # server_config's probe deadline: its 1 s connect + 5 s read
+
+
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_rerank_against_a_bomb_is_refused_at_the_limit(path: str) -> None:
+    with FaultServer(gzip_bomb) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "call": "rerank", "client": {"max_response_bytes": SMALL}})
+    assert out["kind"] == "too-large" and out["what"] == "decoded", out

@@ -219,3 +219,24 @@ def test_capacity_says_which_pool_member_drifted_from_the_plan_its_pool_file_nam
     drift = {m[kw("check/property")]: (m[kw("check/planned")], m[kw("check/reported")])
              for m in member[kw("check/properties")]}
     assert drift[kw("slots")] == (4, 2) and drift[kw("context-length")] == (512, 1024)
+
+
+@pytest.mark.live
+def test_a_plan_for_vllms_real_engine_is_checked_where_vllm_reports_and_unverifiable_elsewhere(
+        vllm_engine: Any) -> None:
+    # the session engine: --max-model-len 2048 --max-num-seqs 4, served as "tiny"
+    raw = sglang_spec(**{"dist/context-length": 2048, "dist/slots": 4})
+    raw[kw("dist/model")].update({kw("model/id"): vllm_engine.model, kw("model/path"): str(vllm_engine.model_dir)})
+    raw[kw("dist/nodes")][0][kw("node/address")] = "127.0.0.1"
+    raw[kw("dist/port")] = vllm_engine.port
+    p = planned(raw, "vllm")
+    [check] = check_servers(p, [vllm_engine.base_url])
+    by = props(check)
+    assert {k for k, c in by.items() if c.verdict == MATCHES} == {"engine", "served-name", "model-path",
+                                                                  "context-length"}
+    assert by["slots"].verdict == UNVERIFIABLE and "does not report" in (by["slots"].reason or "")
+    assert check.verdict == UNVERIFIABLE and check_exit([check]) == 0 and check_exit([check], strict=True) == 1
+    raw[kw("dist/context-length")] = 4096
+    [drift] = check_servers(planned(raw, "vllm"), [vllm_engine.base_url])
+    assert (props(drift)["context-length"].planned, props(drift)["context-length"].reported) == (4096, 2048)
+    assert check_exit([drift]) == 1

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 import respx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from faultserver import FaultServer, Seen, Sleep, Step, chat_answer, reply
 from kotoba_vllm import AdmissionRejected, ChatRequest, Message
@@ -307,3 +309,38 @@ def test_sync_pool_probes_over_its_own_wire_with_the_key_and_keeps_the_connectio
         assert [s.path for s in probes] == ["/metrics"] * 3  # one round before each request (interval 0)
         assert {s.headers.get("authorization") for s in probes} == {"Bearer sk-probe"}
         assert len({s.conn for s in probes}) == 1  # kept alive between rounds
+
+
+MEMBERS = ("http://m0.test:8080", "http://m1.test:8080", "http://m2.test:8080/")
+STATES = (SLOT_AVAILABLE, ALL_SLOTS_BUSY, "unmeasured-reachable", "unmeasured-closed", "no answer")
+
+
+def answer(member: str, state: str) -> CapacityAnswer | None:
+    if state == "no answer":
+        return None
+    if state.startswith("unmeasured"):
+        return CapacityAnswer(member, UNMEASURED, False, reachable=state.endswith("reachable"))
+    return CapacityAnswer(member, state, True)
+
+
+@given(states=st.lists(st.sampled_from(STATES), min_size=3, max_size=3),
+       steps=st.lists(st.tuples(st.sampled_from(("take", "end")), st.integers(0, 2),
+                                st.sampled_from((None, *MEMBERS))), max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_the_views_decision_is_admit_in_order_at_every_step(states: list[str], steps: list[Any]) -> None:
+    """The view's per-round shortcut (candidates read once, admissions made once) decides exactly as
+    the general rule does for the same round, counts and freed members, with and without a conversation."""
+    from kotoba_vllm.capacity._verdict import admit_in_order, answers_by_endpoint, demote_busy_endpoints
+    answers = [a for m, s in zip(MEMBERS, states) if (a := answer(m, s)) is not None]
+    round_ = merge_pool_capacity(answers)
+    view = CapacityView(MEMBERS)
+    view.record(round_, started=0.0)
+    by = answers_by_endpoint(round_.members)
+    for now, (op, i, affinity) in enumerate(steps, 1):
+        if op == "end":
+            view.end(MEMBERS[i], float(now))
+            continue
+        freed = {m.rstrip("/") for m in view.freed()}
+        want = admit_in_order(demote_busy_endpoints(MEMBERS, by), by, affinity, inflight=dict(view.inflight),
+                              freed=freed, sent=dict(view.sent))
+        assert view.take(round_, affinity) == want

@@ -232,3 +232,20 @@ def test_repeated_sampling_keywords_are_checked_by_type_every_time() -> None:
             sampling_from_kwargs(bad)
     stops = sampling_from_kwargs({"stop": ["a", "b"]})
     assert stops is not None and stops.stop == ("a", "b")
+
+
+def test_a_checked_request_is_sent_after_only_the_engines_check_and_refused_with_every_problem() -> None:
+    """`checked` is a value the batch reader hands on (an entry's `checked`), not state kept elsewhere:
+    clean and checked, nothing is reported; when the engine refuses it, the refusal lists every
+    problem, exactly as an unchecked request's."""
+    import io
+
+    from kotoba_vllm._validate import send_problems
+    from kotoba_vllm.batch._entries import iter_edn_entries
+    text = ('{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content "hi"}] '
+            ':vllm/sampling {:vllm/max-tokens 4 :vllm/min-p 0.1}}\n')
+    (entry,) = iter_edn_entries(io.StringIO(text), "<t>")
+    assert entry.checked and entry.request is not None and entry.sendable
+    assert send_problems(entry.request, "vllm", checked=True) == [] == validate(entry.request, "vllm")
+    refused = send_problems(entry.request, "openai", checked=True)
+    assert refused == validate(entry.request, "openai") and any(p.is_error for p in refused)

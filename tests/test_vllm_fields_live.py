@@ -77,6 +77,9 @@ def test_priority_without_priority_scheduling_is_accepted_and_ignored(client: Cl
 def test_the_engine_answers_with_the_request_id_we_sent(client: Client) -> None:
     r = client.chat("hi", max_tokens=2, request_id="kotoba-rid-7")
     assert r.request_id == "kotoba-rid-7" and r.id is not None and "kotoba-rid-7" in r.id  # chatcmpl-<ours>
+    assert r.server_request_id == "kotoba-rid-7"  # its X-Request-Id (--enable-request-id-headers)
+    with client.stream_chat("hi", max_tokens=2, request_id="kotoba-rid-9") as s:
+        assert s.until_done().server_request_id == "kotoba-rid-9"
     c = client.completion("Once", max_tokens=2, request_id="kotoba-rid-8")
     assert c.id is not None and "kotoba-rid-8" in c.id
 
@@ -114,3 +117,20 @@ def test_the_same_from_the_async_client(vllm_url: str, vllm_engine: Any) -> None
             assert s.response.usage.completion_tokens == 5
 
     asyncio.run(go())
+
+
+def test_run_request_ids_join_each_record_with_the_engines_own_id(vllm_url: str, tmp_path: Any,
+                                                                   capsys: Any) -> None:
+    """`run --request-ids`: every record carries the id we sent, and the engine's answer id is built from it
+    (vLLM names a chat answer chatcmpl-<the request id it was given>)."""
+    from kotoba_vllm._edn import kw, read_all
+    from kotoba_vllm.cli import main
+    chat = ('{:vllm/endpoint :chat :vllm/model "tiny" :vllm/messages [{:vllm/role :user :vllm/content "hi"}] '
+            ':vllm/sampling {:vllm/max-tokens 2}')
+    f = tmp_path / "reqs.edn"
+    f.write_text(chat + "}\n" + chat + ' :vllm/request-id "mine-1"}\n')
+    assert main(["run", str(f), "--base-url", vllm_url, "--backend", "vllm", "--request-ids", "--no-progress"]) == 0
+    records = read_all(capsys.readouterr().out)
+    ours = [r[kw("vllm/request-id")] for r in records]
+    assert ours[0].startswith("kotoba-") and ours[1] == "mine-1"
+    assert all(ours[i] in r[kw("vllm/id")] for i, r in enumerate(records))

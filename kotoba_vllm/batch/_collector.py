@@ -2,8 +2,8 @@
 
 At 256 in flight a batch keeps tens of thousands of objects alive for the 20+ ms each request
 waits; CPython's defaults (a young collection every 700 net allocations, full collections that
-walk every module and class loaded) traverse them again and again: 15-20% of `run`'s CPU at 256
-in flight (docs/performance-notes.md). A request leaves no cyclic garbage behind (the sender,
+walk every module and class loaded) traverse them again and again, so the collector's share of
+`run`'s CPU grows with the number in flight (the measurements: CHANGELOG.md, performance history). A request leaves no cyclic garbage behind (the sender,
 the wire and the record free by reference count), so during the run everything alive at its
 start (modules, the client) is left out of collection (`gc.freeze`) and young collections come
 every 20,000 net allocations. Both are undone when the run ends.

@@ -9,7 +9,7 @@ from .._edn import EdnError, Form
 from .._errors import InternalError
 from .._problems import Problem
 from .._requests import locate_problems, request_from_edn
-from .._validate import mark_checked, request_problems
+from .._validate import request_problems
 from ._edn_stream import FormStream
 from ._entry import BatchEntry
 from ._jsonl import iter_jsonl_entries
@@ -43,12 +43,10 @@ def entry_from_form(index: int, f: Form) -> BatchEntry:
             found = request_problems(req)
             if found:
                 problems = problems + locate_problems(found, f)
-            if not problems or not any(p.is_error for p in problems):
-                mark_checked(req)  # sending it checks only what the engine supports
     except Exception as exc:  # a reader bug costs this form its request, never the run its records
         msg = InternalError.from_exception(exc, during="while reading this request").message
         return BatchEntry(index, f.where, None, (Problem("error", "request/internal", msg, where=f.where),))
-    return BatchEntry(index, f.where, req, tuple(problems))
+    return BatchEntry(index, f.where, req, tuple(problems), checked=req is not None)
 
 
 def iter_edn_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:

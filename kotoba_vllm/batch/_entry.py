@@ -14,7 +14,9 @@ from .._problems import Problem
 class BatchEntry:
     """One request of a batch: typed when it could be read, with its problems either way.
 
-    `index` is the position in the input (0-based); `custom_id` is the JSONL line's id.
+    `index` is the position in the input (0-based); `custom_id` is the JSONL line's id. `checked`: the
+    request's engine-independent checks already ran while it was read (its problems say what they
+    found), so sending it runs only the engine's (`send(..., checked=True)`).
     """
 
     index: int
@@ -22,6 +24,7 @@ class BatchEntry:
     request: Request | None
     problems: tuple[Problem, ...] = ()
     custom_id: str | None = None
+    checked: bool = False
 
     @property
     def sendable(self) -> bool:

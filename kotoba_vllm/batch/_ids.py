@@ -11,7 +11,6 @@ import attrs
 
 from .._model import Request
 from .._problems import Problem
-from .._validate import mark_checked
 
 
 class _Entry(attrs.AttrsInstance, Protocol):
@@ -43,11 +42,8 @@ def with_request_ids(entries: Iterable[E], prefix: str | None = None) -> Iterato
         generated = False
         if req is not None and req.request_id is None and prefix is not None:
             generated = True  # unique by construction: not kept (a million-request file stays small)
-            checked = not any(p.is_error for p in e.problems)
             req = attrs.evolve(req, request_id=f"{prefix}-{e.index}")
-            if checked:
-                mark_checked(req)  # its engine-independent checks ran when it was read; the id changes none
-            e = _replace(e, request=req)
+            e = _replace(e, request=req)  # an entry's `checked` stays true: the id changes none of its checks
         rid = req.request_id if req is not None else None
         if rid is not None and not generated:
             key = str(rid)  # 7 and "7" reach the server as the same id

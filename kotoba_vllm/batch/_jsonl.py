@@ -270,6 +270,14 @@ def output_line(entry: BatchEntry, result: Any = None, error: KotobaError | None
         kotoba["attempts"] = edn_to_json(attempts)
     response: dict[str, Any] | None = None
     err: dict[str, Any] | None = None
+    # both request ids: ours (sent to the engine) and the one the server answered with (its x-request-id)
+    ours = entry.request_id
+    server_id = getattr(error if error is not None else result, "server_request_id", None)
+    if ours is not None:
+        kotoba["request_id"] = ours
+    if server_id is not None:
+        kotoba["server_request_id"] = server_id
+    answer_id = server_id or (str(ours) if ours is not None else None)
     if problems is not None:
         err = {"code": "validation", "message": "; ".join(str(p) for p in problems if p.is_error)}
         kotoba["error"] = edn_to_json({kw("vllm/error"): kw("validation"),
@@ -278,10 +286,11 @@ def output_line(entry: BatchEntry, result: Any = None, error: KotobaError | None
         err = {"code": error.kind, "message": error.message}
         kotoba["error"] = edn_to_json(error.to_edn())
         if isinstance(error, ServerError) and error.status is not None:
-            response = {"status_code": error.status, "request_id": f"batch-{uuid.uuid4().hex}", "body": None}
+            response = {"status_code": error.status, "request_id": answer_id or f"batch-{uuid.uuid4().hex}",
+                        "body": None}
     else:
         endpoint = entry.request.endpoint if entry.request is not None else "chat"
-        response = {"status_code": 200, "request_id": f"batch-{uuid.uuid4().hex}",
+        response = {"status_code": 200, "request_id": answer_id or f"batch-{uuid.uuid4().hex}",
                     "body": response_body(result, endpoint)}
         kotoba["backend"] = getattr(result, "backend", None)
         kotoba["endpoint_url"] = getattr(result, "endpoint_url", None)

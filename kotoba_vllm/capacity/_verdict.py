@@ -319,33 +319,61 @@ def admit_in_order(order: Sequence[str], by: Mapping[str, CapacityAnswer], affin
     request); `freed` holds endpoints without a trailing slash."""
     load = inflight or {}
     total = sent or {}
-    freed_set = freed
-
-    def ans(e: str) -> CapacityAnswer | None:
-        return by.get(e.rstrip("/"))
-
-    def available(e: str) -> bool:
-        a = ans(e)
-        return a is not None and (a.available or (a.busy and e.rstrip("/") in freed_set))
-
-    def least(cands: Sequence[str]) -> str:
-        return min(cands, key=lambda e: (load.get(e, 0), total.get(e, 0)))  # min keeps the first of equals
-
     aff = affinity.rstrip("/") if affinity else None
     aff_member = next((e for e in order if e.rstrip("/") == aff), None)
-    if aff_member is not None and available(aff_member):
+    if aff_member is not None and _available(by.get(aff_member.rstrip("/")), aff_member, freed):
         return Admission(aff_member, "conversation affinity: its member has a free slot", True)
-    free = [e for e in order if available(e)]
+    cands, measured = candidates(order, by, freed)
+    if not cands:
+        return Admission(None, "all-slots-busy: every member was measured busy", True)
+    if not measured and aff_member is not None and not _measured(by.get(aff_member.rstrip("/"))):
+        return independent_admission(aff_member, 0, False)  # unmeasured: the conversation stays put
+    e = least_loaded(cands, load, total)
+    adm = independent_admission(e, load.get(e, 0), measured)
+    if measured and aff_member is not None and aff_member != e:
+        return Admission(e, f"{adm.why} (conversation moved off {aff_member}: "
+                            f"{_state(by.get(aff_member.rstrip('/')))})", True)
+    return adm
+
+
+def _available(a: CapacityAnswer | None, endpoint: str, freed: Collection[str]) -> bool:
+    """Measured free, or measured busy with a slot of ours freed since (`freed`: without trailing slash)."""
+    return a is not None and (a.available or (a.busy and endpoint.rstrip("/") in freed))
+
+
+def _measured(a: CapacityAnswer | None) -> bool:
+    return a is not None and a.measured
+
+
+def candidates(order: Sequence[str], by: Mapping[str, CapacityAnswer],
+               freed: Collection[str] = ()) -> tuple[tuple[str, ...], bool]:
+    """The members a request without a conversation chooses among (in `order`), and whether they were
+    measured free: the available ones; else the unmeasured ones whose probes got any HTTP answer, else
+    every unmeasured one; none when every member was measured busy and none freed a slot since."""
+    answers = [(e, by.get(e.rstrip("/"))) for e in order]
+    free = tuple(e for e, a in answers if _available(a, e, freed))
     if free:
-        e = least(free)
-        why = "first member with a measured free slot" if load.get(e, 0) == 0 else \
-            f"measured free slot, fewest requests in flight ({load.get(e, 0)})"
-        if aff_member is not None and aff_member != e:
-            why += f" (conversation moved off {aff_member}: {_state(ans(aff_member))})"
-        return Admission(e, why, True)
-    unknown = [e for e in order if (a := ans(e)) is None or not a.measured]
-    if unknown:
-        answered = [e for e in unknown if (a := ans(e)) is not None and a.reachable is not False]
-        pick = aff_member if aff_member in unknown else least(answered or unknown)
-        return Admission(pick, UNMEASURED_WHY, False)
-    return Admission(None, "all-slots-busy: every member was measured busy", True)
+        return free, True
+    unknown = [(e, a) for e, a in answers if not _measured(a)]
+    answered = tuple(e for e, a in unknown if a is not None and a.reachable is not False)
+    return answered or tuple(e for e, _ in unknown), False
+
+
+def least_loaded(cands: Sequence[str], inflight: Mapping[str, int], sent: Mapping[str, int]) -> str:
+    """The candidate with the fewest requests in flight, then the fewest sent so far, then the first."""
+    pick = cands[0]
+    load, total = inflight.get(pick, 0), sent.get(pick, 0)
+    for e in cands[1:]:
+        n = inflight.get(e, 0)
+        if n < load or (n == load and sent.get(e, 0) < total):
+            pick, load, total = e, n, sent.get(e, 0)
+    return pick
+
+
+def independent_admission(member: str, load: int, measured: bool) -> Admission:
+    """Why `member` (with `load` of our requests in flight) was chosen among the `candidates`."""
+    if not measured:
+        return Admission(member, UNMEASURED_WHY, False)
+    why = "first member with a measured free slot" if load == 0 else \
+        f"measured free slot, fewest requests in flight ({load})"
+    return Admission(member, why, True)

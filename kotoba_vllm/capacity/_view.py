@@ -26,7 +26,8 @@ from typing import Sequence
 
 from .._errors import ConfigError
 from ._answer import CapacityAnswer, PoolCapacity
-from ._verdict import UNMEASURED_WHY, Admission, admit_in_order, answers_by_endpoint, demote_busy_endpoints
+from ._verdict import (Admission, admit_in_order, answers_by_endpoint, candidates, demote_busy_endpoints,
+                       independent_admission, least_loaded)
 
 DEFAULT_INTERVAL_S = 0.5
 
@@ -79,15 +80,10 @@ class CapacityView:
         by = answers_by_endpoint(cap.members)
         self._read, self._by, self._order = cap, by, demote_busy_endpoints(self.members, by)
         self._made = {}
-        answers = [by.get(m.rstrip("/")) for m in self._order]
-        if any(a is not None and a.busy for a in answers):
+        if any((a := by.get(m.rstrip("/"))) is not None and a.busy for m in self._order):
             self._eligible = None  # freed slots matter: every decision takes the general rule
             return
-        free = tuple(m for m, a in zip(self._order, answers) if a is not None and a.available)
-        unknown = [(m, a) for m, a in zip(self._order, answers) if a is None or not a.measured]
-        answered = tuple(m for m, a in unknown if a is not None and a.reachable is not False)
-        self._eligible = free or answered or tuple(m for m, _ in unknown)
-        self._measured_free = bool(free)
+        self._eligible, self._measured_free = candidates(self._order, by)
 
     def decide(self, cap: PoolCapacity, affinity: str | None) -> Admission:
         if self._read is not cap:
@@ -97,18 +93,12 @@ class CapacityView:
             freed = {m.rstrip("/") for m, t in self._last_done.items() if t > self.started}
             return admit_in_order(self._order, self._by, affinity, inflight=self.inflight, freed=freed,
                                   sent=self.sent)
-        # the same choice as `admit_in_order`: fewest in flight, then fewest sent, then pool order
-        inflight, sent = self.inflight, self.sent
-        pick = eligible[0]
-        load, total = inflight.get(pick, 0), sent.get(pick, 0)
-        for m in eligible[1:]:
-            n = inflight.get(m, 0)
-            if n < load or (n == load and sent.get(m, 0) < total):
-                pick, load, total = m, n, sent.get(m, 0)
-        key = (pick, load if self._measured_free else 0)
-        adm = self._made.get(key)
+        # no member measured busy: the choice `admit_in_order` makes, from the candidates read once a round
+        pick = least_loaded(eligible, self.inflight, self.sent)
+        load = self.inflight.get(pick, 0) if self._measured_free else 0
+        adm = self._made.get((pick, load))
         if adm is None:
-            adm = self._made[key] = self._admission(pick, load)
+            adm = self._made[(pick, load)] = independent_admission(pick, load, self._measured_free)
         return adm
 
     def take(self, cap: PoolCapacity, affinity: str | None) -> Admission:
@@ -117,10 +107,3 @@ class CapacityView:
         if adm.member is not None:
             self.begin(adm.member)
         return adm
-
-    def _admission(self, member: str, load: int) -> Admission:
-        if not self._measured_free:
-            return Admission(member, UNMEASURED_WHY, False)
-        why = "first member with a measured free slot" if load == 0 else \
-            f"measured free slot, fewest requests in flight ({load})"
-        return Admission(member, why, True)

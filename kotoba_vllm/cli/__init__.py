@@ -29,7 +29,7 @@ COMMANDS: dict[str, str] = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or (`only`) just that command: importing every command module
-    (Ray planning, benchmarks, recording) took ~0.1 s of each `run`."""
+    (Ray planning, benchmarks, recording) would be start-up time paid by every `run`."""
     parser = argparse.ArgumentParser(prog="python -m kotoba_vllm",
                                      description="EDN-native client for vLLM, SGLang and llama.cpp servers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

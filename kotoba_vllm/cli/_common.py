@@ -8,11 +8,14 @@ import sys
 from typing import Any, Iterator, TextIO
 
 import attrs
+import httpx
 
 from .._base_client import API_KEY_ENV, USER_AGENT
 from .._edn import EdnError, Form, dumps, kw, pretty
 from .._errors import register_secret
 from .._model import BACKENDS
+from .._wire import SyncWire, default_sync_wire
+from .._wire_core import PROBE_MAX_BYTES
 from ..pool import PoolConfig, load_pool_config
 from .._model import Request
 from .._problems import Problem
@@ -126,3 +129,9 @@ def endpoints_from(args: argparse.Namespace) -> Endpoints | None:
         print("error: give at least one URL or --pool FILE.edn", file=sys.stderr)
         return None
     return Endpoints(urls, backend, cfg)
+
+
+def bounded_probe_wire(headers: dict[str, str]) -> SyncWire:
+    """http.client with each probe's deadline over every read and a probe-sized body limit: a trickling or
+    flooding server cannot hold a probing command (`inspect`, `plan --check`)."""
+    return default_sync_wire(headers, True, httpx.Limits(), PROBE_MAX_BYTES)

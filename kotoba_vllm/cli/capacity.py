@@ -12,7 +12,7 @@ from ..capacity._probe import PROBE_TIMEOUT, now_iso
 from .._wire import default_sync_wire
 from .._wire_core import PROBE_MAX_BYTES
 from ..distributed import DIFFERS, UNVERIFIABLE, check_servers, plan_file
-from ._common import add_endpoint_arguments, emit, endpoints_from, probe_headers
+from ._common import add_endpoint_arguments, bounded_probe_wire, emit, endpoints_from, probe_headers
 
 HELP = ("Ask every server's capacity at once (llama.cpp slots, vLLM/SGLang running and waiting) and print each "
         "answer and the merged pool answer as EDN.")
@@ -66,7 +66,11 @@ def drift_report(spec_path: str, urls: list[str], headers: dict[str, str]) -> di
     if p is None:
         out[kw("pool/plan-problems")] = [x.to_edn() for x in problems if x.is_error]
         return out
-    checks = check_servers(p, urls, headers=headers)
+    wire = bounded_probe_wire(headers)
+    try:
+        checks = check_servers(p, urls, http=wire)
+    finally:
+        wire.close()
     out[kw("pool/drifted")] = [{kw("check/endpoint"): c.endpoint,
                                 kw("check/properties"): [d.to_edn() for d in c.differs()]}
                                for c in checks if c.verdict == DIFFERS]

@@ -7,7 +7,7 @@ import argparse
 import httpx
 
 from ..server_config import CONFIG_TIMEOUT, server_configs
-from ._common import add_endpoint_arguments, emit, endpoints_from, probe_headers
+from ._common import add_endpoint_arguments, bounded_probe_wire, emit, endpoints_from, probe_headers
 
 HELP = ("Ask each server what it runs (engine and version, model, context, slots, parallel sizes, speculative "
         "decoding, disaggregation, KV cache, quantization, modalities, sleep state) and print one EDN map per "
@@ -27,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
     if got is None:
         return 2
     timeout = CONFIG_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout, connect=min(1.0, args.timeout))
-    configs = server_configs(got.urls, got.backend or "auto", headers=probe_headers(args.api_key), timeout=timeout)
+    wire = bounded_probe_wire(probe_headers(args.api_key))
+    try:
+        configs = server_configs(got.urls, got.backend or "auto", http=wire, timeout=timeout)
+    finally:
+        wire.close()
     for c in configs:
         emit(c.to_edn(), pretty_print=args.pretty)
     return 0 if all(c.measured for c in configs) else 3

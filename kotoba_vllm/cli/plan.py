@@ -9,7 +9,7 @@ import sys
 from .._edn import dumps, kw, pretty
 from ..distributed import check_exit, check_servers, commands_to_edn, emit, plan_file, shell_lines, unknown_flags
 from ._common import emit as emit_edn
-from ._common import probe_headers
+from ._common import bounded_probe_wire, probe_headers
 
 HELP = "plan a distributed deployment from an EDN spec and print the engines' launch commands"
 
@@ -40,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
             print(dumps(e.to_edn()))
         return 1
     if args.check:
-        checks = check_servers(p, args.check, headers=probe_headers(args.api_key))
+        wire = bounded_probe_wire(probe_headers(args.api_key))
+        try:
+            checks = check_servers(p, args.check, http=wire)
+        finally:
+            wire.close()
         for check in checks:
             emit_edn(check.to_edn(), pretty_print=args.pretty)
         return check_exit(checks, strict=args.strict)

@@ -354,7 +354,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
                     out.flush()
                     deltas.clear()
             return s.response, deltas
-        return await client.send(req, timeout=args.timeout), []
+        return await client.send(req, timeout=args.timeout, checked=e.checked), []
 
     flow, measured = _flow_control(backend_args, client)
     if progress is not None and flow is not None:

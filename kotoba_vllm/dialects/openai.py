@@ -15,7 +15,7 @@ from .._fields import (EXTRA_BODY, engine_problems, extra_headers, fields_on, me
                        render_fields)
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError, ValidationError
-from .._memo import BoundedMemo
+from .._memo import IdentityMemo
 from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                       EmbeddingRequest, EmbeddingResponse, Message, ModelInfo, ModelsResponse, Request, Response,
                       Sampling, StreamDelta, TokenizeRequest, TokenizeResponse, ToolCall, Usage, stream_delta)
@@ -70,7 +70,8 @@ class Dialect:
             out.extend(option_problems(self.name, req, self.endpoint_options))
         sampling: Sampling | None = getattr(req, "sampling", None)
         supported = self.sampling_support.get(ep, frozenset())
-        if sampling is not None and _SUPPORTED.get((self, id(sampling), ep)) is not sampling:
+        honoured = _SUPPORTED.get(sampling) if sampling is not None else None
+        if sampling is not None and (honoured is None or (self, ep) not in honoured):
             before = len(out)
             for attr, knob in KNOBS_BY_ATTR.items():
                 if getattr(sampling, attr) is not None and attr not in supported:
@@ -78,7 +79,7 @@ class Dialect:
                                        f"the {ep} route; it would be ignored or rejected",
                                        field=knob.key, engine=self.name))
             if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
-                _SUPPORTED.keep((self, id(sampling), ep), sampling)
+                (honoured if honoured is not None else _SUPPORTED.keep(sampling, set())).add((self, ep))
         if isinstance(req, ChatRequest):
             out.extend(part_problems(req, self.name, self.part_types))
         if req.extras:
@@ -200,15 +201,15 @@ class Dialect:
     def sampling_body(self, s: Sampling, ep: str) -> dict[str, Any]:
         """`render_sampling` on its own, rendered once per Sampling of plain values (a batch, or keyword
         arguments, repeat the same few; the result holds only immutable values, so it is shared safely)."""
-        key = (self, id(s), ep)  # the dialect itself (held), so a freed one's id cannot match
-        hit = _SAMPLING_BODIES.get(key)
-        if hit is not None and hit[0] is s:
-            return hit[1]
+        bodies = _SAMPLING_BODIES.get(s)
+        hit = bodies.get((self, ep)) if bodies is not None else None
+        if hit is not None:
+            return hit
         out: dict[str, Any] = {}
         self.render_sampling(s, ep, out)
         # structured outputs may be built from a caller's mutable map: rendered afresh every time
         if all(type(v) in _PLAIN for v in out.values()) and all(getattr(s, a) is None for a in STRUCTURED_ATTRS):
-            _SAMPLING_BODIES.keep(key, (s, out))  # holding `s` keeps its id from being reused while here
+            (bodies if bodies is not None else _SAMPLING_BODIES.keep(s, {}))[(self, ep)] = out
         return out
 
     def render_sampling(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
@@ -575,9 +576,11 @@ def json_chunk(data: str) -> Any:
 
 
 _NONE: dict[str, Any] = {}  # read only: an absent details map
-_SAMPLING_BODIES: BoundedMemo[tuple[Dialect, int, str], tuple[Sampling, dict[str, Any]]] = BoundedMemo(1024)
+# By Sampling (the very object a batch shares), then by (dialect, endpoint): its wire fields, and where it is
+# fully honoured.
+_SAMPLING_BODIES: IdentityMemo[Sampling, dict[tuple[Dialect, str], dict[str, Any]]] = IdentityMemo(1024)
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-_SUPPORTED: BoundedMemo[tuple[Dialect, int, str], Sampling] = BoundedMemo(1024)  # Samplings an engine fully honours
+_SUPPORTED: IdentityMemo[Sampling, set[tuple[Dialect, str]]] = IdentityMemo(1024)
 
 
 def int_or_none(v: Any) -> int | None:

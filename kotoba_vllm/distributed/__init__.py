@@ -16,6 +16,7 @@ import httpx
 
 from .._edn import Edn, EdnError, read_file
 from .._problems import Problem
+from .._wire import SyncWire
 from ..server_config import CONFIG_TIMEOUT, ServerConfig, server_configs
 from ._check import (DIFFERS, MATCHES, UNVERIFIABLE, PlanCheck, PropertyCheck, check_config, check_exit, check_plan,
                      planned_properties)
@@ -67,8 +68,9 @@ def plan_file(path: str, engine: str | None = None) -> tuple[Plan | None, list[P
 
 
 def check_servers(p: Plan, urls: Sequence[str], *, headers: Mapping[str, str] | None = None,
-                  timeout: httpx.Timeout = CONFIG_TIMEOUT,
+                  timeout: httpx.Timeout = CONFIG_TIMEOUT, http: httpx.Client | SyncWire | None = None,
                   configs: Sequence[ServerConfig] | None = None) -> list[PlanCheck]:
     """Ask each server what it runs and hold it against the plan's own commands (one check per URL)."""
-    got = list(configs) if configs is not None else server_configs(urls, p.engine, headers=headers, timeout=timeout)
+    got = list(configs) if configs is not None else server_configs(urls, p.engine, headers=headers, timeout=timeout,
+                                                                   http=http)
     return check_plan(p, emit(p), got)

@@ -26,8 +26,8 @@ SERVING_ROLES = ("server", "prefill-server", "decode-server", "sglang-node")
 class PropertyCheck:
     prop: str
     verdict: str
-    planned: Any = None
-    reported: Any = None
+    planned: Edn = None
+    reported: Edn = None
     source: str | None = None  # "GET /props default_generation_settings.n_ctx"
     reason: str | None = None  # unverifiable: why
 
@@ -137,7 +137,7 @@ def _norm_spec(v: Any) -> Any:
     return v
 
 
-def _planned_speculative(plan: Plan) -> Any:
+def _planned_speculative(plan: Plan) -> Edn:
     sp = plan.speculative
     if plan.engine == "sglang":
         return None if sp is None else SGLANG_SPEC_ALGORITHMS[sp.method]
@@ -164,9 +164,9 @@ FIELD_OF: dict[str, dict[str, str | None]] = {
 }
 
 
-def planned_properties(plan: Plan, c: Command) -> dict[str, Any]:
+def planned_properties(plan: Plan, c: Command) -> dict[str, Edn]:
     """Each property the plan fixes for the server `c` starts, with its planned value."""
-    out: dict[str, Any] = {"served-name": plan.model_id, "model-path": plan.model_ref}
+    out: dict[str, Edn] = {"served-name": plan.model_id, "model-path": plan.model_ref}
     if plan.context_length is not None:
         out["context-length"] = plan.context_length
         if plan.engine == "llamacpp":

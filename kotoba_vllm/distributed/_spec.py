@@ -22,7 +22,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from .._edn import Edn, Form, Keyword, dumps, kw
+from .._edn import Edn, Form, Keyword, dumps, kw, plain_edn
 from .._problems import Problem
 
 Kw = NewType("Kw", str)  # a keyword in EDN, its name in Python ("vllm" for :vllm)
@@ -382,6 +382,7 @@ def _names_to_keys(v: Any) -> Any:
 
 def spec_from_edn(raw: Edn, form: Form | None = None) -> tuple[DistSpec | None, list[Problem]]:
     """Validate then structure. A spec with any `:error` problem gives no `DistSpec`."""
+    raw = plain_edn(raw)
     problems = validate(raw, Locator(raw, form))
     if any(p.is_error for p in problems):
         return None, problems

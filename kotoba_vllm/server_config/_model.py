@@ -158,7 +158,7 @@ class ServerConfig:
         """The field by name (`"context-length"`); `:unreported` when the table has no such row for this engine."""
         return self.fields.get(name, NOT_REPORTED)
 
-    def value(self, name: str) -> Any:
+    def value(self, name: str) -> Edn:
         """The reported value, or None (unreported, unmeasured, or reported as nil: see `get`)."""
         f = self.get(name)
         return f.value if f.reported else None
