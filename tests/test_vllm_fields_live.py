@@ -77,6 +77,9 @@ def test_priority_without_priority_scheduling_is_accepted_and_ignored(client: Cl
 def test_the_engine_answers_with_the_request_id_we_sent(client: Client) -> None:
     r = client.chat("hi", max_tokens=2, request_id="kotoba-rid-7")
     assert r.request_id == "kotoba-rid-7" and r.id is not None and "kotoba-rid-7" in r.id  # chatcmpl-<ours>
+    assert r.server_request_id == "kotoba-rid-7"  # its X-Request-Id (--enable-request-id-headers)
+    with client.stream_chat("hi", max_tokens=2, request_id="kotoba-rid-9") as s:
+        assert s.until_done().server_request_id == "kotoba-rid-9"
     c = client.completion("Once", max_tokens=2, request_id="kotoba-rid-8")
     assert c.id is not None and "kotoba-rid-8" in c.id
 
