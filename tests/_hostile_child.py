@@ -113,7 +113,11 @@ def main() -> None:
     t0 = time.monotonic()
     out: dict[str, Any] = {"ok": None, "kind": None, "phase": None, "what": None, "message": None}
     try:
-        if spec["path"] in ("client", "pool"):
+        if spec["path"] == "openai":  # the peer, measured beside us (benchmarks only)
+            import openai
+            oc = openai.OpenAI(base_url=spec["url"] + "/v1", api_key="x", max_retries=0, timeout=30)
+            out["ok"] = oc.chat.completions.create(model="m", messages=MSGS).choices[0].message.content  # type: ignore
+        elif spec["path"] in ("client", "pool"):
             out["ok"] = _sync(spec)
         elif spec["path"] in ("async", "apool"):
             out["ok"] = asyncio.run(_async(spec))

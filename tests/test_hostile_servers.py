@@ -395,8 +395,8 @@ def test_a_deeply_nested_jsonl_line_gets_the_edn_readers_problem(depth: int) -> 
 @pytest.mark.parametrize("path", ["client", "async", "run"])
 def test_a_big_answer_costs_a_small_multiple_of_its_size(path: str) -> None:
     """A 24 MiB answer, under the default limit: the client's peak memory over the same call with a tiny
-    answer is a small multiple of the answer - measured 3.0x for the clients (its bytes and its text), 4.0x
-    for `run` (the record written besides) - never the 7-8x it was."""
+    answer is a small multiple of the answer - measured 3.0x for the clients and for `run` (openai-python:
+    3.2x), where `run` was 5.0x before its record was written in pieces - never the 7-8x it was."""
     size = 24 * MiB
 
     def grown(n: int) -> int:
@@ -407,7 +407,7 @@ def test_a_big_answer_costs_a_small_multiple_of_its_size(path: str) -> None:
         return (out["rss_peak_kb"] - out["rss_before_kb"]) * 1024
 
     multiple = (grown(size) - grown(1024)) / size
-    assert multiple <= (4.3 if path == "run" else 3.3), f"{path}: {multiple:.1f}x the answer"
+    assert multiple <= 3.3, f"{path}: {multiple:.1f}x the answer"
 
 
 def test_a_requests_own_deadline_in_edn() -> None:

@@ -27,6 +27,9 @@ def journal_path(output: str) -> str:
     return output + ".pending"
 
 
+_PIECE = 1 << 20  # characters of a record written at once
+
+
 class ExistingOutput:
     """What an earlier run left: answered positions, and journaled records past the first gap."""
 
@@ -162,7 +165,13 @@ class OrderedSink:
 
     def _write(self, lines: list[str]) -> None:
         for line in lines:
-            self.out.write(line)  # not `line + "\n"`: that copies a record as large as its answer once more
+            # not `line + "\n"`, and a long record in pieces: each would copy a record as large as its answer
+            # once more (the text file encodes what it is given whole)
+            if len(line) > _PIECE:
+                for i in range(0, len(line), _PIECE):
+                    self.out.write(line[i:i + _PIECE])
+            else:
+                self.out.write(line)
             self.out.write("\n")
         self.written += 1
 
