@@ -24,6 +24,7 @@ import edn_format
 from edn_format import Keyword, Symbol
 
 from ._errors import EdnError, EdnWriteError
+from ._memo import BoundedMemo
 from ._keywords import InternedKeyword, is_keyword_name, keyword_or_string, kw
 
 __all__ = [
@@ -43,7 +44,8 @@ their read-only protocols so that a `list[str]` or a `dict[Keyword, int]` is an 
 EdnMap: TypeAlias = Mapping[Keyword, Edn]
 """A map with keyword keys: an EDN request (`{:vllm/endpoint :chat ...}`), a result, a spec."""
 
-_KW_READ: dict[str, Keyword] = {}  # ":name" tokens already checked, so a file's keywords are checked once
+# ":name" tokens already checked, so a file's keywords are checked once (bounded: a file may hold any number)
+_KW_READ: BoundedMemo[str, Keyword] = BoundedMemo(1 << 16)
 
 
 class Form:
@@ -326,12 +328,9 @@ class _Reader:
 
     def atom(self, tok: str, pos: int) -> Edn:
         if tok[0] == ":":
-            k = _KW_READ.get(tok)
+            k = keyword_token(tok)
             if k is None:
-                name = tok[1:]
-                if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
-                    raise self.fail(f"invalid keyword {tok!r}", pos)
-                k = _KW_READ[tok] = kw(name)
+                raise self.fail(f"invalid keyword {tok!r}", pos)
             return k
         if tok == "nil":
             return None
@@ -514,12 +513,23 @@ def read_coll_at(text: str, pos: int, source: str, line: int, column: int) -> tu
 # The plain map reader: a request line is a map of keywords, strings without escapes, integers, decimal
 # floats, nil/true/false, vectors and maps, on one line. Splitting the line at its quotes gives the strings
 # (the odd pieces) and the code between them; ASCII code splits at blanks and brackets into tokens. Any other
-# token (an escape, a tag, a symbol, a comment, a keyword not yet checked, non-ASCII code ...) hands
+# token (an escape, a tag, a symbol, a comment, an invalid keyword, non-ASCII code ...) hands
 # the line back to the general reader, which reads it as before (`tests/test_plain_map_reader.py` holds the
 # two to the same values, end offsets and located keys).
 _PLAIN_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
 _LITERALS: dict[str, Any] = {"nil": None, "true": True, "false": False}
 _NOT_LITERAL = object()
+
+
+def keyword_token(tok: str) -> Keyword | None:
+    """The keyword a ":name" token reads as, or None when it is not one: the one rule both readers use."""
+    k = _KW_READ.get(tok)
+    if k is None:
+        name = tok[1:]
+        if not name or name[0] in ":/" or not _SYMBOL.match(name) or not _clojure_name(name):
+            return None
+        k = _KW_READ.keep(tok, kw(name))
+    return k
 
 
 def read_plain_map(text: str, pos: int, end: int) -> tuple[dict[Any, Any], int] | None:
@@ -553,7 +563,9 @@ def read_plain_map(text: str, pos: int, end: int) -> tuple[dict[Any, Any], int] 
             if tok[0] == ":":
                 v = known.get(tok)
                 if v is None:
-                    return None  # not checked yet: the general reader checks it (and remembers it)
+                    v = keyword_token(tok)  # the same check as the general reader's, whatever was read before
+                    if v is None:
+                        return None  # not a keyword: the general reader says where
             elif tok == "{" or tok == "[":
                 if len(stack) >= MAX_DEPTH:
                     return None

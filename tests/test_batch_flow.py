@@ -56,10 +56,11 @@ def test_a_burst_of_rejections_shrinks_the_limit_once_and_answers_grow_it_back_t
     m.rejected(s, None, 0.0)  # sent under the new limit: a new signal
     assert m.limit == 16
     for s in seqs[40:]:
-        m.answered()
+        m.answered(0.0)
+    assert m.limit == 16  # held after a shrink
     while m.limit < 64:
         m.start()
-        m.answered()
+        m.answered(10.0)
     assert m.limit == 64 and m.in_flight == 0
 
 
@@ -305,3 +306,23 @@ def test_cli_background_sends_the_priority_each_engine_puts_behind_interactive_r
                          "--background", "--output", str(tmp_path / f"{backend}.edn")]) == 0
             bodies = [s.json() for s in srv.seen if s.method == "POST"]
             assert len(bodies) == 3 and all(b.get("priority") == want for b in bodies), (backend, bodies)
+
+
+def test_the_limit_does_not_grow_while_the_member_is_measured_busy() -> None:
+    view = Measured()
+    clock = Clock()
+    flow = FlowControl(8, lambda e: "m", capacity=view, clock=clock)
+    e = _entries(1)[0]
+    flow.settled(flow.admit(e), _rejected())  # 8 -> 4
+    view.free = False
+    for _ in range(20):
+        view.free = True
+        t = flow.admit(e)
+        view.free = False  # answered while the engine has a queue
+        flow.settled(t, _ok(0))
+    assert flow.members["m"].limit == 4
+    view.free = True
+    clock.now += 10  # past the hold after the shrink
+    for _ in range(20):
+        flow.settled(flow.admit(e), _ok(0))
+    assert flow.members["m"].limit > 4

@@ -160,3 +160,15 @@ def test_records_are_the_same_text_with_the_fast_paths_off(drawn: list[tuple[boo
     assert fast_again == general
     if all(well_formed for well_formed, _ in drawn):  # N requests in, N records out
         assert len(general) == len(drawn)
+
+
+def test_the_plain_map_reader_does_not_depend_on_what_was_read_before() -> None:
+    """A keyword no reader has met yet is checked by the same rule the general reader uses, so a line
+    reads on the plain path the first time as every time after."""
+    from kotoba_vllm._edn import _KW_READ, read_plain_map
+    text = '{:first-time/never-seen-before-9f3 1 :vllm/model "m"}'
+    _KW_READ.clear()  # a fresh process: nothing read yet
+    first = read_plain_map(text, 0, len(text))
+    again = read_plain_map(text, 0, len(text))
+    assert first is not None and first == again
+    assert read_plain_map('{:a/ 1}', 0, 7) is None  # not a keyword: the general reader says where

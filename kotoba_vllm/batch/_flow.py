@@ -63,12 +63,16 @@ class FixedLimit:
 MAX_PAUSE_S = 60.0
 SHRINK = 0.5  # multiplicative decrease on an admission answer
 FLOOR = 1  # the limit never goes below one request in flight
+# After a shrink the limit holds this long before it grows again: growing straight back finds the edge again
+# within a second on a busy engine, and a batch sitting at the edge leaves an interactive request no room.
+HOLD_S = 2.0
 
 
 class MemberFlow:
     """One member's limit and what happened to it. `limit` shrinks by SHRINK on an admission answer to a
     request sent under the current limit, and grows by one per `limit` requests answered (additive,
-    one step per window of answers), never past `ceiling` nor below FLOOR."""
+    one step per window of answers) while the member is not measured busy, never past `ceiling` nor
+    below FLOOR."""
 
     def __init__(self, name: str, ceiling: int) -> None:
         self.name, self.ceiling = name, ceiling
@@ -77,6 +81,7 @@ class MemberFlow:
         self.paused_until = -math.inf
         self.started = 0  # requests started (the ticket of each is its start number)
         self.shrunk_at = -1  # start number at the last shrink: an earlier request's rejection is old news
+        self.hold_until = -math.inf  # no growth before this (HOLD_S after the last shrink)
         self.rejections = 0
         self.pauses = 0
         self.ended_count = 0  # requests of ours to it that ended, however
@@ -91,10 +96,10 @@ class MemberFlow:
         self.limits[int(self.limit)] += 1
         return self.started
 
-    def answered(self) -> None:
+    def answered(self, now: float, grow: bool = True) -> None:
         self.in_flight -= 1
         self.ended_count += 1
-        if self.limit < self.ceiling:
+        if grow and self.limit < self.ceiling and now >= self.hold_until:
             self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
 
     def rejected(self, seq: int, retry_after_s: float | None, now: float) -> None:
@@ -104,6 +109,7 @@ class MemberFlow:
         if seq > self.shrunk_at:
             self.limit = max(float(FLOOR), self.limit * SHRINK)
             self.shrunk_at = self.started
+            self.hold_until = now + HOLD_S
         if retry_after_s is not None and retry_after_s > 0:
             until = now + min(retry_after_s, MAX_PAUSE_S)
             if until > self.paused_until:
@@ -187,7 +193,10 @@ class FlowControl:
         if isinstance(outcome, KotobaError) or outcome is None:
             m.ended()
         else:
-            m.answered()
+            # no growth while the member is measured busy (a queue of its own): growing then only fills the
+            # engine's queue, where an interactive request would wait or be refused
+            grow = m.limit < self.ceiling and (self.capacity is None or self.capacity.admits(m.name) is not False)
+            m.answered(self.clock() if grow else 0.0, grow)
         return None
 
     def admit_again(self, e: BatchEntry, mark: Any) -> Any:

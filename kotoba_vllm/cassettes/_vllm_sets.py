@@ -48,7 +48,12 @@ def _pair(name: str, req: dict[Keyword, Any]) -> list[Exchange]:
     return [Exchange(name, "send", req), Exchange(name + "-stream", "send", {**req, kw("vllm/stream"): True})]
 
 
-def default_set(model: str) -> list[Exchange]:
+# The stop strings of chat-stop and completion-stop: text the fake engine echoes back. A real engine with
+# random weights writes other text: scripts/record-vllm --real passes strings from its own greedy answers.
+STOPS = (", world", ", three")
+
+
+def default_set(model: str, stops: tuple[str, str] = STOPS) -> list[Exchange]:
     chat = _edn("chat", messages=_chat(GREETING), model=model, sampling=_greedy())
     comp = _edn("completion", prompt=COUNTING, model=model, sampling=_greedy())
     out = [
@@ -60,12 +65,12 @@ def default_set(model: str) -> list[Exchange]:
         *_pair("chat", chat),
         *_pair("chat-n2", {**chat, kw("vllm/sampling"): _sampled(n=2)}),
         *_pair("chat-logprobs", {**chat, kw("vllm/sampling"): _greedy(logprobs=2)}),
-        *_pair("chat-stop", {**chat, kw("vllm/sampling"): _greedy(stop=[", world"])}),
+        *_pair("chat-stop", {**chat, kw("vllm/sampling"): _greedy(stop=[stops[0]])}),
         *_pair("chat-length", {**chat, kw("vllm/sampling"): _greedy(3)}),
         *_pair("completion", comp),
         *_pair("completion-n2", {**comp, kw("vllm/sampling"): _sampled(n=2)}),
         *_pair("completion-logprobs", {**comp, kw("vllm/sampling"): _greedy(logprobs=2)}),
-        *_pair("completion-stop", {**comp, kw("vllm/sampling"): _greedy(stop=[", three"])}),
+        *_pair("completion-stop", {**comp, kw("vllm/sampling"): _greedy(stop=[stops[1]])}),
         # The real 400s and 404 (the SDK's own validation is bypassed: the recorder renders directly).
         *_pair("error-context-length", {**chat, kw("vllm/sampling"): _greedy(10_000_000)}),
         *_pair("error-prompt-too-long", _edn("chat", messages=_chat(" ".join([OVERFLOW_PROMPT] * 3)),

@@ -112,8 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flow-control", choices=["on", "off"], default="on",
                    help="on (default): per member, keep in flight no more than it can take - its measured free "
                         "slots when its capacity is measured, a limit that halves on admission answers (429, "
-                        "queue full) and grows back by one per limit's worth of answers, a pause for its "
-                        "Retry-After (at most 60 s); --concurrency is the ceiling. off: always --concurrency")
+                        "queue full) and grows back by one per limit's worth of answers while it is not "
+                        "measured busy, a pause for its Retry-After (at most 60 s); --concurrency is the "
+                        "ceiling. off: always --concurrency")
     ray = p.add_argument_group("Ray Data (pip install 'kotoba-vllm[ray]'; see docs/ray.md)")
     ray.add_argument("--ray", action="store_true",
                      help="run on Ray Data: --output is a directory of part files named by index range, "
