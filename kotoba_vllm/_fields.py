@@ -464,7 +464,7 @@ def part_problems(req: Any, engine: str, part_types: frozenset[str]) -> list[Pro
     """Content parts of a chat request the engine does not take, or that lack what their type needs."""
     out: list[Problem] = []
     for i, m in enumerate(req.messages):
-        if isinstance(m.content, str) or m.content is None:
+        if type(m.content) is not tuple:  # text (or none): the common message, nothing to check
             continue
         for j, p in enumerate(m.content):
             if p.type not in part_types:

@@ -343,14 +343,22 @@ def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
 
 @pytest.mark.parametrize("flag", [[], ["--server-load-tracked"]])
 def test_capacity_cli_reports_load_only_when_declared(flag: list[str], capsys: Any) -> None:
-    import respx
+    # the CLI probes over http.client (each probe's deadline holds every read), which respx cannot see:
+    # the recorded bodies from a loopback server
+    from faultserver import FaultServer, Seen, Step, head, reply
 
     from kotoba_vllm.cli import main
-    url = "http://vllm.invalid:8000"
-    with respx.mock(assert_all_called=False) as m:
-        m.get(url + "/metrics").respond(200, content=cassette_body(cassette("metrics-busy")))
-        load = m.get(url + "/load").respond(200, content=cassette("load-tracked").raw)
-        assert main(["capacity", url, "--backend", "vllm", *flag]) == 1  # one waiting: measured busy
+    metrics, loaded = cassette("metrics-busy"), cassette("load-tracked")
+
+    def recorded(seen: Seen) -> list[Step]:
+        if seen.path == "/metrics":
+            body = cassette_body(metrics)
+            return [head(200, [("content-type", metrics.headers["content-type"])], length=len(body)) + body]
+        return reply(loaded.raw) if seen.path == "/load" else reply({"error": "not found"}, 404)
+
+    with FaultServer(recorded) as srv:
+        assert main(["capacity", srv.base_url, "--backend", "vllm", *flag]) == 1  # one waiting: measured busy
+        load_called = any(s.path == "/load" for s in srv.seen)
     out = capsys.readouterr().out
-    assert load.called is bool(flag)
+    assert load_called is bool(flag)
     assert (":capacity/server-load 2" in out) is bool(flag)

@@ -80,7 +80,7 @@ class Dialect:
                                        field=knob.key, engine=self.name))
             if len(out) == before:  # which knobs are set cannot change (frozen): remember the clean ones
                 (honoured if honoured is not None else _SUPPORTED.keep(sampling, set())).add((self, ep))
-        if isinstance(req, ChatRequest):
+        if isinstance(req, ChatRequest) and any(type(m.content) is tuple for m in req.messages):
             out.extend(part_problems(req, self.name, self.part_types))
         if req.extras:
             out.extend(engine_problems(self.name, ep, req.extras))
