@@ -97,7 +97,8 @@ def test_token_count_figures_are_equal_whether_shared_or_not() -> None:
     a = build_timings(None, u, ClientClock(sent=0.0, done=0.5))
     b = build_timings(None, u, ClientClock(sent=0.0, done=0.25))
     assert (a.prefill.tokens, a.decode.tokens, a.cached.tokens) == (7, 4, 2)
-    assert a.prefill == b.prefill and a.prefill.provenance == "server-reported" and a.prefill.ms is None
+    # prompt_tokens - cached_tokens is ours to compute, so it says so
+    assert a.prefill == b.prefill and a.prefill.provenance == "computed" and a.prefill.ms is None
     assert (a.end_to_end.ms, b.end_to_end.ms) == (500.0, 250.0)
 
 
