@@ -88,9 +88,9 @@ def llamacpp_exchanges(embeddings: bool = True) -> list[Exchange]:
         Exchange("error-context-overflow", "send", _edn("chat", messages=_chat(OVERFLOW_PROMPT), sampling=s)),
         Exchange("error-context-overflow-stream", "send",
                  _edn("chat", messages=_chat(OVERFLOW_PROMPT), sampling=s, stream=True)),
-        # A wrong type the SDK passes through (engine extras are the engine's business)
+        # A wrong type reaches the engine only through the unchecked pass-through (the SDK checks :llamacpp/n-keep)
         Exchange("error-wrong-type", "send", {**_edn("generate", prompt="hi", sampling=s),
-                                               kw("llamacpp/n-keep"): "many"}),
+                                               kw("vllm/extra-body"): {"n_keep": "many"}}),
         Exchange("error-invalid-json", "raw", method="POST", path="/v1/chat/completions", body=b'{"messages": [ '),
     ]
     if embeddings:
