@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -37,9 +37,13 @@ def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: 
     the probe shell it owns (None for a pool, whose own view is read; `aclose` it when done)."""
     if isinstance(client, AsyncPool):
         return FlowControl(ceiling, lambda e: POOL_MEMBER, capacity=PoolViewCapacity(client)), None
-    headers = client_headers(api_key_or_env(api_key), None)
-    measured = ProbedCapacity(default_wire(headers, PROBE_TIMEOUT, True, httpx.Limits(max_connections=None)),
-                              backend, interval_s=DEFAULT_INTERVAL_S if interval_s is None else interval_s)
+    key = api_key_or_env(api_key)
+    limits = httpx.Limits(max_connections=None)
+    keyed = default_wire(client_headers(key, None), PROBE_TIMEOUT, True, limits)
+    # A member outside the client's configured origins is probed without the key, as its requests are sent.
+    keyless = default_wire(client_headers(None, None), PROBE_TIMEOUT, True, limits) if key else None
+    measured = ProbedCapacity(keyed, backend, interval_s=DEFAULT_INTERVAL_S if interval_s is None else interval_s,
+                              keyless=keyless, trusted=client.trusted.allows)
 
     def member_of(e: BatchEntry) -> str:
         url = e.request.base_url if e.request is not None else None
@@ -50,8 +54,11 @@ def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: 
 
 class ProbedCapacity:
     def __init__(self, wire: AsyncWire, backend: str = "auto", *, interval_s: float = DEFAULT_INTERVAL_S,
-                 timeout: httpx.Timeout = PROBE_TIMEOUT) -> None:
+                 timeout: httpx.Timeout = PROBE_TIMEOUT, keyless: AsyncWire | None = None,
+                 trusted: Callable[[str], bool] | None = None) -> None:
+        """`wire` may carry the API key; members `trusted` refuses are probed over `keyless` instead."""
         self.wire, self.backend, self.interval_s, self.timeout = wire, backend, interval_s, timeout
+        self.keyless, self.trusted = keyless, trusted
         self.views: dict[str, CapacityView] = {}
         self.unprobed: set[str] = set()  # members with nothing to probe: unmeasured for good
         self._rounds: dict[str, asyncio.Task[Any]] = {}
@@ -90,14 +97,19 @@ class ProbedCapacity:
     async def _round(self, member: str, view: CapacityView) -> None:
         started = time.monotonic()
         try:
-            answers = await aprobe_endpoints([member], self.backend, http=self.wire, timeout=self.timeout,
-                                             detected=self._detected)
+            answers = await aprobe_endpoints([member], self.backend, http=self._wire_for(member),
+                                             timeout=self.timeout, detected=self._detected)
         except Exception:  # a probe never raises by design; if it does, the member is unmeasured, not the run
             self.unprobed.add(member)
             return
         view.record(merge_pool_capacity(answers, at=now_iso()), started)
         if not answers[0].measured and not PROBE_PATHS.get(answers[0].backend or ""):
             self.unprobed.add(member)
+
+    def _wire_for(self, member: str) -> AsyncWire:
+        if self.keyless is not None and self.trusted is not None and not self.trusted(member):
+            return self.keyless
+        return self.wire
 
     async def aclose(self) -> None:
         for r in self._rounds.values():
@@ -108,6 +120,8 @@ class ProbedCapacity:
             except BaseException:  # a round cut short or failed: nothing to keep
                 pass
         await self.wire.aclose()
+        if self.keyless is not None:
+            await self.keyless.aclose()
 
 
 class PoolViewCapacity:

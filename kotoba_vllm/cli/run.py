@@ -376,7 +376,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, on_signal, sig.name)
-        except (NotImplementedError, RuntimeError):  # pragma: no cover - not on this platform/thread
+        except (NotImplementedError, RuntimeError, ValueError):  # not this platform or thread (uvloop: ValueError)
             pass
     try:
         if args.local and local is not None:
@@ -388,7 +388,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.remove_signal_handler(sig)
-            except (NotImplementedError, RuntimeError):  # pragma: no cover
+            except (NotImplementedError, RuntimeError, ValueError):
                 pass
         if progress is not None:
             progress.close()
