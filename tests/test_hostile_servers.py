@@ -36,7 +36,9 @@ WALL_S = 30.0
 SMALL = 1 * MiB  # the limit the cases run with: 1/64 of the default, bodies scaled alike
 
 
-def run_child(spec: dict[str, Any], wall_s: float = WALL_S) -> dict[str, Any]:
+def run_child(spec: dict[str, Any], wall_s: float = WALL_S, *, body_limit: int | None = None) -> dict[str, Any]:
+    """Run one client case in a child process; `body_limit` is the largest body it may hold (the spec's own
+    `max_response_bytes`, or SMALL, unless given)."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (AS_CEILING, AS_CEILING))
 
@@ -49,7 +51,7 @@ def run_child(spec: dict[str, Any], wall_s: float = WALL_S) -> dict[str, Any]:
     assert p.returncode == 0, f"{spec['path']} crashed (exit {p.returncode}):\n{p.stderr[-3000:]}"
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     grown = (out["rss_peak_kb"] - out["rss_before_kb"]) * 1024
-    limit_bytes = spec.get("client", {}).get("max_response_bytes", SMALL)
+    limit_bytes = body_limit or spec.get("client", {}).get("max_response_bytes", SMALL)
     assert grown <= 3 * limit_bytes + 24 * MiB, f"{spec['path']} grew {grown / MiB:.0f} MiB (limit {limit_bytes})"
     return out
 
@@ -220,6 +222,28 @@ def test_a_gzip_bomb_stops_at_the_limit(path: str) -> None:
         out = run_child(_spec(path, srv.base_url))
         assert srv.wait_idle(5) == 0
     assert out["kind"] == "too-large" and out["what"] == "decoded", out
+
+
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_a_gzip_bomb_on_the_default_settings_stops_at_the_default_limit(path: str) -> None:
+    """No limit passed: 512 MiB inflated from ~0.5 MiB on the wire stops at the default 64 MiB, in bounded memory."""
+    bomb = _bomb(8 * DEFAULT_MAX_BYTES)
+
+    def script(seen: Seen) -> list[Step]:
+        return [head(200, [("content-type", "application/json"), ("content-encoding", "gzip")],
+                     length=len(bomb)) + bomb]
+
+    with FaultServer(script) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "client": {}}, body_limit=DEFAULT_MAX_BYTES)
+        assert srv.wait_idle(5) == 0
+    assert out["kind"] == "too-large" and out["what"] == "decoded", out
+
+
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_an_answer_past_the_default_limit_is_refused_on_the_default_settings(path: str) -> None:
+    with FaultServer(big_json(2 * DEFAULT_MAX_BYTES, length=False)) as srv:
+        out = run_child({"path": path, "url": srv.base_url, "client": {}}, body_limit=DEFAULT_MAX_BYTES)
+    assert out["kind"] == "too-large", out
 
 
 @pytest.mark.parametrize("path", SYNC_ASYNC)
