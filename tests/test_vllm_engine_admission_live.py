@@ -66,7 +66,7 @@ class TestOneRunning:
         assert a.queue.kv_cache_usage is not None and a.queue.kv_cache_usage > 0  # the real paged KV cache
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture  # per test: a held request lasts seconds, not a whole class of tests
 def full(vllm_admission: VllmEngine, vllm_engine: VllmEngine) -> Iterator[VllmEngine]:
     """One request running and one waiting: vLLM's queue (max-num-queued-reqs 2: running + waiting) is full.
     The default engine is started first: its start-up must not outlast the holds."""
