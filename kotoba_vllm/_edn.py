@@ -24,6 +24,7 @@ import edn_format
 from edn_format import Keyword, Symbol
 
 from ._errors import EdnError, EdnWriteError
+from ._edn_tokens import WHITESPACE, Tokens
 from ._memo import BoundedMemo
 from ._keywords import InternedKeyword, is_keyword_name, keyword_or_string, kw
 
@@ -54,7 +55,7 @@ class Form:
     __slots__ = ("value", "source", "line", "column", "index", "_reader")
 
     def __init__(self, value: Edn, source: str, line: int, column: int, index: int,
-                 reader: "_Reader | _Unlocated | None" = None) -> None:
+                 reader: "_Reader | None" = None) -> None:
         self.value, self.source, self.line, self.column, self.index = value, source, line, column, index
         self._reader = reader
 
@@ -78,31 +79,6 @@ class Form:
         return f"Form({self.value!r} @ {self.where})"
 
 
-# What ends a token, as clojure.edn decides: Java's Character.isWhitespace, the comma, and the
-# terminating macro characters. Python's `\s` differs (it counts U+00A0 and U+0085; Java does not),
-# and a differing split would read `a<U+00A0>b` as two symbols where Clojure reads one.
-WHITESPACE = "\t\n\x0b\x0c\r\x1c-\x1f ,\u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205f\u3000"
-_STOP = WHITESPACE + '";^()\\[\\]{}\\\\'
-
-# `atom` comes second: it is the commonest token after whitespace and, never starting with '#' or a
-# stop character, it matches nowhere another alternative does, so its place changes no answer.
-_TOKEN = re.compile(
-    rf"""
-    (?P<ws>[{WHITESPACE}]+|;[^\n\r]*)
-  | (?P<atom>[^{_STOP}\#][^{_STOP}]*)
-  | (?P<str>"(?:[^"\\]|\\.)*")
-  | (?P<open>\#\{{|[\[({{])
-  | (?P<close>[\])}}])
-  | (?P<discard>\#_)
-  | (?P<meta>\^|\#\^)
-  | (?P<nsmap>\#:)
-  | (?P<tag>\#[A-Za-z][^{_STOP}]*)
-  | (?P<hash>\#.?)
-  | (?P<char>\\.[^{_STOP}]*)
-  | (?P<bad>.)
-    """,
-    re.VERBOSE | re.DOTALL,
-)
 _INT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)N?$")
 _FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?M?$")
 # Symbols and keywords: the EDN spec's characters; every one of them Clojure reads the same way.
@@ -185,17 +161,20 @@ class _Reader:
         self.start = start  # reading begins at text[start]
         self.base_line, self.base_column = line, column  # where text[start] is in its file
         self._mark = (start, 1)  # (offset, line number at that offset) of the last `where`
-        self.tokens = _TOKEN.finditer(text, start)
-        # id(map) -> (its keys, their offsets), in reading order
+        # Positions below are token indices (`self.lex.offset(i)` is where token i starts): a plain line's
+        # offsets are found only when a problem or a key is located.
+        self.lex = Tokens(text, start)
+        self.tokens = iter(self.lex)  # (index, text) of each token, comments included
+        # id(map) -> (its keys, their tokens), in reading order
         self.key_offsets: dict[int, tuple[list[Any], list[int]]] = {}
         self.depth = 0
-        self.end = start  # just past the last closing bracket read
+        self.last_closer = -1  # the token of the last closing bracket read
 
     def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
         keys, starts = self.key_offsets.get(id(mapping), ((), ()))
-        for k, off in zip(keys, starts):  # only when a problem is located: a scan beats hashing every key twice
+        for k, i in zip(keys, starts):  # only when a problem is located: a scan beats hashing every key twice
             if k == key:
-                return self.where(off)
+                return self.where(self.lex.offset(i))
         return None
 
     def where(self, pos: int) -> tuple[int, int]:
@@ -215,50 +194,59 @@ class _Reader:
             raise self.fail(f"nested deeper than {MAX_DEPTH} levels", pos)
 
     def fail(self, msg: str, pos: int) -> EdnError:
-        line, col = self.where(pos)
+        """An error at token `pos`."""
+        return self.fail_at(msg, self.lex.offset(pos))
+
+    def fail_at(self, msg: str, offset: int) -> EdnError:
+        line, col = self.where(offset)
         return EdnError(msg, self.source, line, col)
 
-    def next(self) -> re.Match[str] | None:
-        for m in self.tokens:
-            if m.lastgroup != "ws":
-                return m
+    def next(self) -> tuple[str, int] | None:
+        """The next token that is not a comment, and its offset."""
+        for pos, tok in self.tokens:
+            if tok[0] != ";":
+                return tok, pos
         return None
 
     def value_after(self, pos: int, what: str) -> tuple[Any, int]:
         """The next form that is not discarded (a tag's value, metadata and its target), and its offset."""
         self.enter(pos)
         while True:
-            m = self.next()
-            if m is None:
+            t = self.next()
+            if t is None:
                 raise self.fail(f"{what}: the text ends first", pos)
-            v = self.read(m)
+            v = self.read(*t)
             if v is not _DISCARDED:
                 self.depth -= 1
-                return v, m.start()
+                return v, t[1]
 
-    def read(self, m: re.Match[str]) -> Any:  # an Edn value, or _DISCARDED after #_
-        kind, tok, pos = m.lastgroup, m.group(), m.start()
-        if kind == "atom":
-            return self.atom(tok, pos)
-        if kind == "str":
+    def read(self, tok: str, pos: int) -> Any:  # an Edn value, or _DISCARDED after #_
+        c = tok[0]
+        if c == '"':
+            if len(tok) == 1:
+                raise self.fail("string is never closed", pos)
             return self.string(tok, pos)
-        if kind == "open":
+        if c in "([{" or tok == "#{":
             self.enter(pos)
             v = self.coll(tok, pos)
             self.depth -= 1
             return v
-        if kind == "close":
+        if c in ")]}":
             raise self.fail(f"unmatched '{tok}'", pos)
-        if kind == "char":
+        if c == "\\":
+            if len(tok) == 1:
+                raise self.fail(f"unexpected character {tok!r}", pos)
             return self.char(tok[1:], pos)
-        if kind == "discard":
+        if c == "^" or tok == "#^":
+            return self.meta(pos)
+        if c != "#":
+            return self.atom(tok, pos)
+        if tok == "#_":
             self.value_after(pos, "#_ with nothing to discard")
             return _DISCARDED
-        if kind == "meta":
-            return self.meta(pos)
-        if kind == "nsmap":
-            return self.namespaced_map(m.end(), pos)
-        if kind == "tag":
+        if tok == "#:":
+            return self.namespaced_map(self.lex.offset(pos) + 2, pos)
+        if len(tok) > 1 and tok[1].isascii() and tok[1].isalpha():
             name = tok[1:]
             value, _ = self.value_after(pos, f"tag #{name} with no value")
             handler = TAG_HANDLERS.get(name)
@@ -268,8 +256,6 @@ class _Reader:
                 return handler(value)
             except (ValueError, TypeError, OverflowError) as e:
                 raise self.fail(f"bad #{name} value: {e}", pos) from None
-        if kind == "bad":  # finditer would otherwise skip it silently
-            raise self.fail("string is never closed" if tok == '"' else f"unexpected character {tok!r}", pos)
         if tok == "##":  # symbolic values, as the writer emits them
             name, _ = self.value_after(pos, "## with no name")
             if isinstance(name, Symbol) and name.name in _SYMBOLIC:
@@ -316,13 +302,11 @@ class _Reader:
         ns, npos = self.value_after(pos, "#: with no namespace")
         if not isinstance(ns, Symbol) or "/" in ns.name:
             raise self.fail(f"#: needs a namespace name, found {dumps(ns)[:40]}", npos)
-        m = next(self.tokens, None)
-        while m is not None and m.lastgroup == "ws" and not m.group().startswith(";"):
-            m = next(self.tokens, None)  # Clojure skips whitespace here, but not comments
-        if m is None or m.group() != "{":
+        t = next(self.tokens, None)  # Clojure skips whitespace here, but not comments
+        if t is None or t[1] != "{":
             raise self.fail(f"#:{ns.name} must be followed by a map", pos)
-        self.enter(m.start())
-        out: dict[Any, Any] = self.coll("{", m.start(), ns.name)  # coll reads a map after "{"
+        self.enter(t[0])
+        out: dict[Any, Any] = self.coll("{", t[0], ns.name)  # coll reads a map after "{"
         self.depth -= 1
         return out
 
@@ -376,13 +360,13 @@ class _Reader:
                 end = i + 1 + len(digits)
                 # Clojure reads up to three octal digits; after fewer, the next char must end a token
                 if len(digits) < 3 and end < n and not _AFTER_SHORT_OCTAL.match(body, end):
-                    raise self.fail(f"octal escape '\\{digits}' runs into {body[end]!r}", pos + 1 + i)
+                    raise self.fail_at(f"octal escape '\\{digits}' runs into {body[end]!r}", self.lex.offset(pos) + 1 + i)
                 if int(digits, 8) > 0o377:
-                    raise self.fail(f"octal escape '\\{digits}' is above \\377", pos + 1 + i)
+                    raise self.fail_at(f"octal escape '\\{digits}' is above \\377", self.lex.offset(pos) + 1 + i)
                 out.append(chr(int(digits, 8)))
                 i = end
             else:
-                raise self.fail(f"invalid string escape '\\{esc}'", pos + 1 + i)
+                raise self.fail_at(f"invalid string escape '\\{esc}'", self.lex.offset(pos) + 1 + i)
         s = "".join(out)
         if _SURROGATES.search(s):  # "\uD83D\uDE00" is one character (U+1F600), as in Java's UTF-16 strings
             s = s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
@@ -395,29 +379,37 @@ class _Reader:
         keyed = opener == "{" or opener == "#{"  # only maps and sets locate their elements
         known = _KW_READ
         v: Any
-        for m in self.tokens:
-            kind = m.lastgroup
-            if kind == "ws":
-                continue
+        for at, tok in self.tokens:
+            c = tok[0]
             # the two commonest tokens inline: a keyword already checked, a string without escapes
-            if kind == "atom":
-                v = known.get(m.group())
+            if c == ":":
+                v = known.get(tok)
                 if v is None:
-                    v = self.atom(m.group(), m.start())
-            elif kind == "str" and "\\" not in (tok := m.group()):
+                    v = self.atom(tok, at)
+            elif c == '"' and "\\" not in tok and len(tok) > 1:
                 v = tok[1:-1]
-            elif kind == "close":
-                if m.group() != closer:
-                    raise self.fail(f"expected '{closer}' to close '{opener}', found '{m.group()}'", m.start())
-                self.end = m.end()
+            elif c == "{" or c == "[":  # a nested map or vector, without `read`'s dispatch
+                self.depth += 1
+                if self.depth > MAX_DEPTH:
+                    raise self.fail(f"nested deeper than {MAX_DEPTH} levels", at)
+                v = self.coll(tok, at)
+                self.depth -= 1
+            elif c not in _NOT_ATOM:  # a number, nil, true, false or a symbol
+                v = self.atom(tok, at)
+            elif c in ")]}":
+                if tok != closer:
+                    raise self.fail(f"expected '{closer}' to close '{opener}', found '{tok}'", at)
+                self.last_closer = at
                 break
+            elif c == ";":
+                continue
             else:
-                v = self.read(m)
+                v = self.read(tok, at)
                 if v is _DISCARDED:
                     continue
             items.append(v)
             if keyed:
-                starts.append(m.start())
+                starts.append(at)
         else:
             raise self.fail(f"'{opener}' is never closed", pos)
         if opener == "[":
@@ -436,18 +428,23 @@ class _Reader:
             return frozenset(out_set)
         if len(items) % 2:
             raise self.fail("map literal has an odd number of forms", pos)
-        out: dict[Any, Any] = {}
         keys = items[0::2]
         if namespace is not None:
             keys = [_in_namespace(k, namespace) for k in keys]
-        for i, k in enumerate(keys):
-            n = len(out)
-            try:
-                out[k] = items[2 * i + 1]
-            except TypeError:
-                raise self.fail("unhashable map key", starts[2 * i]) from None
-            if len(out) == n:  # the key was there already: one hash per key, not two
-                raise self.fail(f"duplicate map key {dumps(k)}", starts[2 * i])
+        try:
+            out: dict[Any, Any] = dict(zip(keys, items[1::2]))
+        except TypeError:
+            out = {}
+        if len(out) != len(keys):  # an unhashable or repeated key: the first one, in order, is the error
+            out = {}
+            for i, k in enumerate(keys):
+                n = len(out)
+                try:
+                    out[k] = items[2 * i + 1]
+                except TypeError:
+                    raise self.fail("unhashable map key", starts[2 * i]) from None
+                if len(out) == n:
+                    raise self.fail(f"duplicate map key {dumps(k)}", starts[2 * i])
         self.key_offsets[id(out)] = (keys, starts[0::2])
         return out
 
@@ -474,6 +471,7 @@ def _in_namespace(k: Any, ns: str) -> Any:
 
 
 _DISCARDED = object()
+_NOT_ATOM = frozenset('"([{)]}\\^#;')  # what a token that is not an atom starts with
 
 
 def read_forms(text: str, source: str = "<string>", *, line: int = 1, column: int = 1) -> Iterator[Form]:
@@ -482,13 +480,13 @@ def read_forms(text: str, source: str = "<string>", *, line: int = 1, column: in
     r = _Reader(text, source, line, column)
     index = 0
     while True:
-        m = r.next()
-        if m is None:
+        t = r.next()
+        if t is None:
             return
-        v = r.read(m)
+        v = r.read(*t)
         if v is _DISCARDED:
             continue
-        fl, fc = r.where(m.start())
+        fl, fc = r.where(r.lex.offset(t[1]))
         yield Form(v, source, fl, fc, index, r)
         index += 1
 
@@ -497,32 +495,17 @@ def read_coll_at(text: str, pos: int, source: str, line: int, column: int) -> tu
     """The collection that opens at `text[pos]` (`line`:`column` of `source`), read in place, and the
     offset just past it: no copy of its text. Raises `EdnError` where reading it alone would; `text`
     may end before it closes (a buffer of a larger file): then it raises too."""
-    if text.startswith("{", pos):  # a request line: the plain map reader, when the line is that simple
-        nl = text.find("\n", pos)
-        fast = read_plain_map(text, pos, len(text) if nl == -1 else nl)
-        if fast is not None:
-            value, end = fast
-            return Form(value, source, line, column, 0, _Unlocated(value, text, pos, end, source, line, column)), end
     r = _Reader(text, source, line, column, pos)
-    m = r.next()
-    if m is None or m.lastgroup != "open" or m.start() != pos:
-        raise r.fail("no collection opens here", pos)
-    return Form(r.read(m), source, line, column, 0, r), r.end
-
-
-# The plain map reader: a request line is a map of keywords, strings without escapes, integers, decimal
-# floats, nil/true/false, vectors and maps, on one line. Splitting the line at its quotes gives the strings
-# (the odd pieces) and the code between them; ASCII code splits at blanks and brackets into tokens. Any other
-# token (an escape, a tag, a symbol, a comment, an invalid keyword, non-ASCII code ...) hands
-# the line back to the general reader, which reads it as before (`tests/test_plain_map_reader.py` holds the
-# two to the same values, end offsets and located keys).
-_PLAIN_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
-_LITERALS: dict[str, Any] = {"nil": None, "true": True, "false": False}
-_NOT_LITERAL = object()
+    t = r.next()
+    if t is None or r.lex.offset(t[1]) != pos or t[0] not in ("[", "(", "{", "#{"):
+        raise r.fail_at("no collection opens here", pos)
+    value = r.read(*t)
+    return Form(value, source, line, column, 0, r), r.lex.end(r.last_closer)
 
 
 def keyword_token(tok: str) -> Keyword | None:
-    """The keyword a ":name" token reads as, or None when it is not one: the one rule both readers use."""
+    """The keyword a ":name" token reads as, or None when it is not one. `_KW_READ` remembers the answer
+    for a token (a pure function of its text: nothing read before changes it)."""
     k = _KW_READ.get(tok)
     if k is None:
         name = tok[1:]
@@ -530,120 +513,6 @@ def keyword_token(tok: str) -> Keyword | None:
             return None
         k = _KW_READ.keep(tok, kw(name))
     return k
-
-
-def read_plain_map(text: str, pos: int, end: int) -> tuple[dict[Any, Any], int] | None:
-    """The map opening at `text[pos]` and the offset just past it, when `text[pos:end]` is that map alone
-    (then blanks) and made only of plain tokens; else None (read it with the general reader)."""
-    if text.find("\\", pos, end) != -1:
-        return None  # an escape, or a character literal
-    pieces = text[pos:end].split('"')
-    if not len(pieces) % 2:
-        return None  # a string the line does not close
-    known, literals = _KW_READ, _LITERALS
-    stack: list[list[Any]] = []
-    items: list[Any] = []
-    value: Any = None
-    v: Any
-    done = in_string = False
-    for piece in pieces:
-        if in_string:
-            if done:
-                return None  # more than one form on the line
-            items.append(piece)
-            in_string = False
-            continue
-        in_string = True
-        if not piece.isascii():
-            return None  # blanks and token ends beyond ASCII: the general reader knows them
-        code = piece.replace("{", " { ").replace("}", " } ").replace("[", " [ ").replace("]", " ] ")
-        for tok in code.replace(",", " ").split():  # ASCII blanks are the same for `split` and EDN, but the comma
-            if done:
-                return None
-            if tok[0] == ":":
-                v = known.get(tok)
-                if v is None:
-                    v = keyword_token(tok)  # the same check as the general reader's, whatever was read before
-                    if v is None:
-                        return None  # not a keyword: the general reader says where
-            elif tok == "{" or tok == "[":
-                if len(stack) >= MAX_DEPTH:
-                    return None
-                stack.append(items)
-                items = [tok]
-                continue
-            elif tok == "}" or tok == "]":
-                opener = items[0]
-                if (opener == "{") != (tok == "}"):
-                    return None
-                if opener == "[":
-                    v = items[1:]
-                else:
-                    if len(items) % 2 == 0:  # the opener and an odd number of forms
-                        return None
-                    v = {}
-                    try:
-                        for i in range(1, len(items), 2):
-                            v[items[i]] = items[i + 1]
-                    except TypeError:  # an unhashable key
-                        return None
-                    if 2 * len(v) != len(items) - 1:  # a duplicate key
-                        return None
-                if not stack:
-                    return None  # a closer with no opener (cannot happen: the line starts with "{")
-                items = stack.pop()
-                if not stack:
-                    value, done = v, True
-                    continue
-            else:
-                v = literals.get(tok, _NOT_LITERAL)
-                if v is _NOT_LITERAL:
-                    if _PLAIN_NUMBER.fullmatch(tok) is None:
-                        return None
-                    v = float(tok) if "." in tok else int(tok)
-            items.append(v)
-    if not done:
-        return None
-    return value, text.rindex("}", pos, end) + 1
-
-
-class _Unlocated:
-    """Where keys are, for a form read by the plain map reader: found by reading its text again with the
-    general reader when a problem needs a position (the same text reads to the same shape)."""
-
-    __slots__ = ("value", "text", "start", "end", "source", "line", "column", "_reader", "_twin")
-
-    def __init__(self, value: Edn, text: str, start: int, end: int, source: str, line: int, column: int) -> None:
-        self.value, self.text, self.start, self.end = value, text, start, end
-        self.source, self.line, self.column = source, line, column
-        self._reader: _Reader | None = None
-        self._twin: Any = None
-
-    def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
-        if self._reader is None:
-            r = _Reader(self.text[:self.end], self.source, self.line, self.column, self.start)
-            m = r.next()
-            assert m is not None
-            self._reader, self._twin = r, r.read(m)
-        twin = _same_place(self.value, self._twin, mapping)
-        return None if twin is None else self._reader.locate(twin, key)
-
-
-def _same_place(value: Any, twin: Any, target: object) -> Any:
-    """The collection in `twin` at the place where `target` is in `value` (both read from one text)."""
-    if value is target:
-        return twin
-    if isinstance(value, dict):
-        pairs: Any = zip(value.values(), twin.values())
-    elif isinstance(value, list):
-        pairs = zip(value, twin)
-    else:
-        return None
-    for v, t in pairs:
-        found = _same_place(v, t, target)
-        if found is not None:
-            return found
-    return None
 
 
 def plain_edn(v: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The plain map reader's token edges: every character that ends a token for Python's `str.split` but not for
+"""The tokenizer's fast path's token edges: every character that ends a token for Python's `str.split` but not for
 clojure.edn (or the other way round) reads exactly as the general reader reads it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from kotoba_vllm import _edn
+from kotoba_vllm import _edn, _edn_tokens
 from kotoba_vllm._edn import EdnError, dumps, read_coll_at
 
 # U+0085, U+00A0, U+2007 and U+202F split for Python and are token characters for Clojure; U+2028 and U+3000
@@ -31,7 +31,7 @@ def _read(text: str) -> Any:
                                       "{:a -1.5{sep}}"])
 def test_each_separator_reads_as_the_general_reader_reads_it(template: str, sep: str) -> None:
     text = template.replace("{sep}", sep) + "\n"
-    with mock.patch.object(_edn, "read_plain_map", lambda *_: None):
+    with mock.patch.object(_edn_tokens, "plain_tokens", lambda *_: None):
         general = _read(text)
     assert _read(text) == general
     assert _read(text) == general  # keywords checked by now: the plain path is tried with them known
@@ -39,7 +39,7 @@ def test_each_separator_reads_as_the_general_reader_reads_it(template: str, sep:
 
 def test_a_plain_line_with_commas_and_unicode_strings_takes_the_plain_path() -> None:
     line = '{:vllm/model "m, é [x] {y}", :vllm/messages [{:vllm/role :user, :vllm/content "日本語"}]}\n'
-    with mock.patch.object(_edn, "read_plain_map", lambda *_: None):
+    with mock.patch.object(_edn_tokens, "plain_tokens", lambda *_: None):
         general = _read(line)
-    assert _edn.read_plain_map(line, 0, len(line) - 1) is not None
+    assert _edn_tokens.plain_tokens(line) is not None
     assert _read(line) == general

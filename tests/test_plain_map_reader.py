@@ -1,8 +1,7 @@
 """`run`'s fast paths for reading a request file, held to the general paths byte for byte.
 
-The plain map reader (`read_plain_map`, tried first for each map a request file holds) must read
-exactly what the general reader reads - the same value, the same end offset, the same located
-keys - or hand the text back to it; structuring a repeated `:vllm/sampling` map once must give the
+A plain line lexed by the tokenizer's fast path (`_edn_tokens.plain_tokens`) must read exactly what
+the regular expression's tokens read - the same value, the same end offset, the same located keys; structuring a repeated `:vllm/sampling` map once must give the
 same request and problems as structuring it every time; the records `run` writes for any input
 (sent or refused, with file/line/column) are the same text either way.
 """
@@ -16,7 +15,7 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kotoba_vllm import _codec, _edn
+from kotoba_vllm import _codec, _edn, _edn_tokens
 from kotoba_vllm._edn import EdnError, Form, dumps, read_coll_at
 from kotoba_vllm._requests import request_to_edn
 from kotoba_vllm.batch import Recorder
@@ -63,8 +62,8 @@ tails = st.sampled_from(["", "\n", "  \n{:a 1}\n", " ; c\n", " 5\n", " {:b 2}", 
 
 
 def _general(text: str, pos: int) -> tuple[Form, int]:
-    """What read_coll_at gives with the plain map reader switched off."""
-    with mock.patch.object(_edn, "read_plain_map", lambda *_: None):
+    """What read_coll_at gives with the tokenizer's fast path switched off."""
+    with mock.patch.object(_edn_tokens, "plain_tokens", lambda *_: None):
         return read_coll_at(text, pos, "f.edn", 3, 5)
 
 
@@ -101,10 +100,10 @@ def _located(form: Form, v: Any) -> list[Any]:
 
 @settings(max_examples=600, deadline=None)
 @given(st.text(" \n,", max_size=3), maps, tails)
-def test_the_plain_map_reader_reads_what_the_general_reader_reads(lead: str, text: str, tail: str) -> None:
+def test_a_plain_line_reads_what_the_regular_expressions_tokens_read(lead: str, text: str, tail: str) -> None:
     whole = lead + text + tail
     general = _outcome(_general, whole, len(lead))
-    # twice: the first read checks the keywords (and remembers them), so the second can take the plain path
+    # twice: the first read checks the keywords (and remembers them); the second must read the same
     assert _outcome(lambda t, p: read_coll_at(t, p, "f.edn", 3, 5), whole, len(lead)) == general
     assert _outcome(lambda t, p: read_coll_at(t, p, "f.edn", 3, 5), whole, len(lead)) == general
 
@@ -114,7 +113,7 @@ def test_a_request_line_takes_the_plain_path_and_locates_its_keys() -> None:
             ':vllm/messages [{:vllm/role :user :vllm/content "hi é"}]}\n')
     _general(line, 0)
     form, end = read_coll_at(line, 0, "f.edn", 7, 1)
-    assert isinstance(form._reader, _edn._Unlocated)  # the plain path was taken
+    assert _edn_tokens.plain_tokens(line) is not None  # the plain path is taken
     assert end == len(line) - 1
     messages = form.value[_edn.kw("vllm/messages")]
     assert isinstance(messages, list)
@@ -154,7 +153,7 @@ def test_records_are_the_same_text_with_the_fast_paths_off(drawn: list[tuple[boo
     text = sep.join(line for _, line in drawn) + "\n"
     fast = _records(text)
     fast_again = _records(text)  # keywords checked and samplings shared by now
-    with mock.patch.object(_edn, "read_plain_map", lambda *_: None), mock.patch.object(_codec, "_SHARED_MAPS", {}):
+    with mock.patch.object(_edn_tokens, "plain_tokens", lambda *_: None), mock.patch.object(_codec, "_SHARED_MAPS", {}):
         general = _records(text)
     assert fast == general
     assert fast_again == general
@@ -162,13 +161,13 @@ def test_records_are_the_same_text_with_the_fast_paths_off(drawn: list[tuple[boo
         assert len(general) == len(drawn)
 
 
-def test_the_plain_map_reader_does_not_depend_on_what_was_read_before() -> None:
-    """A keyword no reader has met yet is checked by the same rule the general reader uses, so a line
-    reads on the plain path the first time as every time after."""
-    from kotoba_vllm._edn import _KW_READ, read_plain_map
+def test_reading_does_not_depend_on_what_was_read_before() -> None:
+    """A keyword no reader has met yet reads on the first line as on every line after."""
+    from kotoba_vllm._edn import _KW_READ
     text = '{:first-time/never-seen-before-9f3 1 :vllm/model "m"}'
     _KW_READ.clear()  # a fresh process: nothing read yet
-    first = read_plain_map(text, 0, len(text))
-    again = read_plain_map(text, 0, len(text))
-    assert first is not None and first == again
-    assert read_plain_map('{:a/ 1}', 0, 7) is None  # not a keyword: the general reader says where
+    first = _outcome(lambda t, p: read_coll_at(t, p, "f.edn", 1, 1), text, 0)
+    again = _outcome(lambda t, p: read_coll_at(t, p, "f.edn", 1, 1), text, 0)
+    assert first == again and first[0] == "form"
+    _KW_READ.clear()
+    assert _outcome(lambda t, p: read_coll_at(t, p, "f.edn", 1, 1), '{:a/ 1}', 0) == ("error", "invalid keyword ':a/'", 1, 2)

@@ -1,7 +1,7 @@
 """Streaming EDN: cut a large file into top-level forms without reading it whole.
 
-A cheap scanner (strings, comments, character literals, brackets) finds where each
-top-level form closes; each cut segment is then read by the ordinary position-aware
+The EDN tokenizer (`_edn_tokens`, the one under every reader) finds where each top-level
+form closes by its brackets; each cut segment is then read by the ordinary position-aware
 reader, with its line and column shifted to the segment's place in the file. A file
 that is one vector of requests is streamed element by element the same way.
 Memory: one read chunk plus one form at a time.
@@ -9,20 +9,12 @@ Memory: one read chunk plus one form at a time.
 
 from __future__ import annotations
 
-import re
 from typing import IO, Iterator
 
-from .._edn import WHITESPACE, EdnError, Form, read_coll_at, read_forms
+from .._edn import EdnError, Form, read_coll_at, read_forms
+from .._edn_tokens import Tokens, blank_end
 
 CHUNK = 1 << 20
-
-# Only what changes bracket depth matters; an unfinished token at the buffer's end
-# (string, comment, `\x`) is matched by the short alternatives so we can read more.
-# Metadata (`^m form`, `#^m form`) needs one more form after a bracketed `m`: `meta` counts it.
-_SCAN = re.compile(r'"(?:[^"\\]|\\.)*"|(?P<open_str>")|;[^\n\r]*|\\.|(?P<open_char>\\$)|[\[({]|[\])}]'
-                   r'|(?P<meta>\^)', re.DOTALL)
-_FIRST = re.compile(f"(?:[{WHITESPACE}]+|;[^\n\r]*)*")
-
 
 def _read_segment(text: str, source: str, line: int, column: int) -> Iterator[Form]:
     return read_forms(text, source, line=line, column=column)
@@ -77,55 +69,50 @@ class FormStream:
 
     def _skip_blank(self) -> None:
         while True:
-            # union-attr: _FIRST matches the empty string, so match() never returns None.
-            end = _FIRST.match(self.buf, self.off).end()  # type: ignore[union-attr]
-            if end < len(self.buf):
-                self._advance(end)
+            end = blank_end(self.buf, self.off)
+            self._advance(end)
+            if end < len(self.buf) and self.buf[end] != ";":
                 return
-            # blank to the buffer's end; keep an unterminated comment, it may go on in the next chunk
-            semi = self.buf.rfind(";", self.off, end)
-            self._advance(semi if semi != -1 and "\n" not in self.buf[semi:end] else end)
+            # blank to the buffer's end, or a comment that may go on in the next chunk: kept
             if not self._more():
                 self._advance(len(self.buf))
                 return
 
     def _cut(self, in_vector: bool) -> int:
         """Offset just past the form that starts at `off`, reading more as needed (buffer end at EOF).
-        Inside the top-level vector, its closing `]` is left in place."""
+        Inside the top-level vector, its closing `]` is left in place. Only brackets change the depth;
+        metadata (`^m form`, `#^m form`) after a bracketed `m` needs one more form."""
         depth, pos, pending_meta = 0, self.off, 0
         while True:
-            need_more = False
-            for m in _SCAN.finditer(self.buf, pos):
-                g = m.group()
-                if m.lastgroup == "meta":
-                    pending_meta += depth == 0
-                    continue
-                if m.lastgroup is not None or (g[0] in ";\\" and m.end() == len(self.buf)):
-                    if not self.eof:  # unfinished token at the buffer's end
-                        pos, need_more = m.start(), True
-                        break
-                    if m.lastgroup is not None:
-                        return len(self.buf)  # unterminated at EOF: the reader locates it
-                    continue
-                c = g[0]
-                if c in "[({":
+            lex = Tokens(self.buf, pos)
+            for i, tok in lex:
+                c = tok[0]
+                if c in "([{" or tok == "#{":
                     depth += 1
-                elif c in "])}":
+                elif c in ")]}":
                     depth -= 1
                     if depth < 0 and in_vector:
-                        return m.start()
+                        return lex.offset(i)
                     if depth == 0 and pending_meta:  # that was metadata; its target follows
                         pending_meta -= 1
                     elif depth <= 0:
-                        return m.end()
+                        return lex.end(i)
+                elif c == "^" or tok == "#^":
+                    pending_meta += depth == 0
+                elif tok == '"' or tok == "\\" or c == ";" and lex.end(i) == len(self.buf):
+                    # a string, character or comment the buffer cuts: it may go on in the next chunk
+                    if not self.eof:
+                        pos = lex.offset(i)
+                        break
+                    if c != ";":
+                        return len(self.buf)  # unterminated at EOF: the reader locates it
             else:
-                pos, need_more = len(self.buf), True
-            if need_more:
-                before = len(self.buf) - self.off
-                pos -= self.off
-                if not self._more() and pos >= before:
-                    return len(self.buf)
-                pos += self.off
+                pos = len(self.buf)
+            before = len(self.buf) - self.off
+            pos -= self.off
+            if not self._more() and pos >= before:
+                return len(self.buf)
+            pos += self.off
 
     def __iter__(self) -> Iterator[Form | EdnError]:
         for seg, line, col, form in self._pieces(read_maps=True):
