@@ -22,7 +22,7 @@ class HttpRequest:
 
     method: str
     path: str
-    body: dict[str, object] | None = None
+    body: dict[str, object] | list[object] | None = None  # a list: llama.cpp's LoRA scales
     stream: bool = False
     headers: dict[str, str] | None = None
 
