@@ -7,9 +7,9 @@ Shared by `Client.chat([...dicts])` and batch JSONL bodies, so both keep `tool_c
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from typing import Mapping, cast
 
-from ._edn import Keyword, kw
+from ._edn import Edn, Keyword, kw
 
 MESSAGE_FIELDS = {"role": "vllm/role", "content": "vllm/content", "name": "vllm/name",
                   "tool_call_id": "vllm/tool-call-id", "tool_calls": "vllm/tool-calls",
@@ -46,7 +46,7 @@ def _part(p: object) -> object:
     return {kw("vllm/type"): kw(str(t))}
 
 
-def message_to_edn(m: Mapping[str, object]) -> tuple[dict[Keyword, object], list[str]]:
+def message_to_edn(m: Mapping[str, object]) -> tuple[dict[Keyword, Edn], list[str]]:
     """The EDN message map, and the names of fields that have no EDN equivalent (left out)."""
     out: dict[Keyword, object] = {}
     unknown: list[str] = []
@@ -62,4 +62,4 @@ def message_to_edn(m: Mapping[str, object]) -> tuple[dict[Keyword, object], list
         elif k == "tool_calls" and isinstance(v, list):
             v = [_tool_call(t) for t in v]
         out[kw(key)] = v
-    return out, unknown
+    return cast("dict[Keyword, Edn]", out), unknown  # the caller's values: the message reader checks each
