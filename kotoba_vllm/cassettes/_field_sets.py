@@ -14,9 +14,7 @@ id, prompt length. A replay test then shows the engine's own code read the wire 
 
 from __future__ import annotations
 
-from typing import Any
-
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from ._recorder import Exchange, edn_request, user_chat, vllm_map
 
 GREETING = "Hello there, world."
@@ -25,17 +23,17 @@ BIASED_TOKEN = 5  # a token id both recording vocabularies have
 MAX_TOKENS = 8
 
 
-def field_values(name: str) -> dict[Keyword, Any]:
+def field_values(name: str) -> dict[Keyword, Edn]:
     """The new fields, one request's worth; the request id names the exchange."""
     return {kw("vllm/min-tokens"): 6, kw("vllm/ignore-eos"): True, kw("vllm/logit-bias"): {BIASED_TOKEN: 10},
             kw("vllm/priority"): 5, kw("vllm/cache-salt"): "salt-" + name, kw("vllm/request-id"): "kotoba-" + name}
 
 
-def _greedy() -> dict[Keyword, Any]:
+def _greedy() -> dict[Keyword, Edn]:
     return vllm_map(temperature=0.0, max_tokens=MAX_TOKENS)
 
 
-def _pair(name: str, req: dict[Keyword, Any]) -> list[Exchange]:
+def _pair(name: str, req: dict[Keyword, Edn]) -> list[Exchange]:
     stream = {**req, kw("vllm/stream"): True, kw("vllm/request-id"): f"kotoba-{name}-stream"}
     if kw("vllm/cache-salt") in req:
         stream[kw("vllm/cache-salt")] = f"salt-{name}-stream"
@@ -43,12 +41,12 @@ def _pair(name: str, req: dict[Keyword, Any]) -> list[Exchange]:
 
 
 def field_exchanges(engine: str, model: str) -> list[Exchange]:
-    def chat(name: str, **more: Any) -> dict[Keyword, Any]:
+    def chat(name: str, **more: Edn) -> dict[Keyword, Edn]:
         return {**edn_request("chat", messages=user_chat(GREETING), model=model, sampling=_greedy()),
                 kw("vllm/request-id"): "kotoba-" + name, **{kw("vllm/" + k.replace("_", "-")): v
                                                             for k, v in more.items()}}
 
-    def with_fields(endpoint: str, name: str, **where: Any) -> dict[Keyword, Any]:
+    def with_fields(endpoint: str, name: str, **where: Edn) -> dict[Keyword, Edn]:
         return {**edn_request(endpoint, model=model, sampling=_greedy(), **where), **field_values(name)}
 
     out = [

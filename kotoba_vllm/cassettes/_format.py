@@ -196,21 +196,18 @@ def cassette_from_edn(m: Edn, where: str = "<cassette>") -> Cassette:
         headers={str(k).lower(): str(v)
                  for k, v in _map(resp.get(kw("http/headers")) or {}, "http/headers", where).items()},
         body=None if chunks is not None else _bytes_from(resp, "http/body"), chunks=chunks,
-<<<<<<< HEAD
-        expect=m.get(kw("cassette/expect")) or {}, source_file=where,
-        request_headers={str(k).lower(): str(v) for k, v in (req.get(kw("http/headers")) or {}).items()},
-        engine_received=_received(m.get(kw("cassette/engine-received")), where))
+        expect=_map(top.get(kw("cassette/expect")) or {}, "cassette/expect", where), source_file=where,
+        request_headers={str(k).lower(): str(v)
+                         for k, v in _map(req.get(kw("http/headers")) or {}, "http/headers", where).items()},
+        engine_received=_received(top.get(kw("cassette/engine-received")), where))
 
 
-def _received(v: Any, where: str) -> tuple[Edn, ...] | None:
+def _received(v: Edn, where: str) -> tuple[Edn, ...] | None:
     if v is None:
         return None
     if not isinstance(v, (list, tuple)):
         raise CassetteError(f"{where}: :cassette/engine-received must be a vector of maps")
     return tuple(v)
-=======
-        expect=_map(top.get(kw("cassette/expect")) or {}, "cassette/expect", where), source_file=where)
->>>>>>> main
 
 
 def read_cassette(path: str | Path) -> Cassette:

@@ -281,7 +281,7 @@ class EngineLog:
         self.path = Path(path)
         self.seen = self.path.stat().st_size if self.path.exists() else 0
 
-    def since_last(self, settle_s: float = 0.3) -> tuple[Any, ...]:
+    def since_last(self, settle_s: float = 0.3) -> tuple[Edn, ...]:
         time.sleep(settle_s)  # the scheduler process writes its line on its own clock
         if not self.path.exists():
             return ()

@@ -20,8 +20,6 @@ salt, sampling params), which the recorder keeps in the exchange's cassette.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,12 +27,13 @@ from typing import Any
 
 import zmq
 
+import engine_received
+
 # The words the fake model says, in order; repeats on purpose (an incremental stream then carries
 # the same delta twice in a row, which a client must not take for a cumulative one).
 OUTPUT_WORDS = " one one two one two three one two three four one two"
 PREFILL_S = 0.03  # one prefill forward
 STEP_S = 0.02  # one decode step
-RECEIVED = os.environ.get("KOTOBA_FAKE_RECEIVED", "")
 # The SamplingParams attributes written down per request.
 SAMPLING_SEEN = ("n", "temperature", "max_new_tokens", "min_new_tokens", "ignore_eos", "logit_bias", "stop_strs",
                  "stop_token_ids", "skip_special_tokens", "custom_params")
@@ -62,24 +61,11 @@ class FakeReq:
     finished_reason: Any = None
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, (set, frozenset, tuple, list)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return dict((str(k), _plain(x)) for k, x in v.items())
-    return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
-
-
 def note_received(msg: Any) -> None:
-    """Append what the TokenizerManager handed this process for one request (a JSON line)."""
-    if not RECEIVED:
-        return
-    sp = msg.sampling_params
-    seen = dict(rid=msg.rid, prompt_tokens=len(msg.input_ids or ()), priority=msg.priority,
-                cache_salt=getattr(msg, "cache_salt", None), extra_key=getattr(msg, "extra_key", None),
-                stream=bool(msg.stream), sampling_params=dict((k, _plain(getattr(sp, k, None))) for k in SAMPLING_SEEN))
-    with open(RECEIVED, "a", encoding="utf-8") as f:
-        f.write(json.dumps(seen, sort_keys=True) + "\n")
+    """Write down what the TokenizerManager handed this process for one request (KOTOBA_FAKE_RECEIVED)."""
+    engine_received.note(dict(rid=msg.rid, prompt_tokens=len(msg.input_ids or ()), priority=msg.priority,
+                              cache_salt=getattr(msg, "cache_salt", None), extra_key=getattr(msg, "extra_key", None),
+                              stream=bool(msg.stream)), msg.sampling_params, SAMPLING_SEEN)
 
 
 def run_fake_scheduler(server_args: Any, port_args: Any, gpu_id: int, tp_rank: int, pp_rank: int,

@@ -26,7 +26,6 @@ Modes, from the environment (set by scripts/record-vllm):
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from typing import Any
@@ -40,8 +39,9 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.stats import PrefillStats, SchedulerStats
 from vllm.v1.outputs import LogprobsLists
 
+import engine_received
+
 STEP_S = float(os.environ.get("KOTOBA_FAKE_STEP_S", "0.005"))
-RECEIVED = os.environ.get("KOTOBA_FAKE_RECEIVED", "")
 # The SamplingParams attributes written down per request.
 SAMPLING_SEEN = ("n", "temperature", "seed", "max_tokens", "min_tokens", "ignore_eos", "logit_bias", "stop",
                  "stop_token_ids", "logprobs", "skip_special_tokens", "extra_args")
@@ -82,25 +82,11 @@ def answer_ids(prompt: list[int]) -> list[int]:
     return list(out) + eos[:1]
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, (set, frozenset, tuple, list)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return dict((str(k), _plain(x)) for k, x in v.items())
-    return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
-
-
 def note_received(r: EngineCoreRequest) -> None:
-    """Append what the serving layer handed the engine for `r` to KOTOBA_FAKE_RECEIVED (one JSON line)."""
-    if not RECEIVED:
-        return
-    sp = r.sampling_params
-    seen = dict(request_id=r.request_id, external_req_id=getattr(r, "external_req_id", None),
-                prompt_tokens=len(r.prompt_token_ids or ()), priority=r.priority,
-                cache_salt=getattr(r, "cache_salt", None),
-                sampling_params=None if sp is None else dict((k, _plain(getattr(sp, k, None))) for k in SAMPLING_SEEN))
-    with open(RECEIVED, "a", encoding="utf-8") as f:
-        f.write(json.dumps(seen, sort_keys=True) + "\n")
+    """Write down what the serving layer handed the engine for `r` (KOTOBA_FAKE_RECEIVED)."""
+    engine_received.note(dict(request_id=r.request_id, external_req_id=getattr(r, "external_req_id", None),
+                              prompt_tokens=len(r.prompt_token_ids or ()), priority=r.priority,
+                              cache_salt=getattr(r, "cache_salt", None)), r.sampling_params, SAMPLING_SEEN)
 
 
 class FakeEngineCore(EngineCoreClient):
