@@ -133,9 +133,10 @@ def _figure(out: dict[str, Any], prefix: str, fig: Any) -> None:
     out[f"{prefix}_computed_from"] = ",".join(fig.computed_from) if fig.computed_from else None
 
 
-def ok_columns(e: BatchEntry, resp: Any) -> dict[str, Any]:
+def ok_columns(e: BatchEntry, resp: Any, attempts: list[dict[Keyword, object]] | None = None) -> dict[str, Any]:
+    """`attempts`: every attempt of a request rejected at admission and sent again (the record's :vllm/attempts)."""
     out = _base(e)
-    out.update(ok=True, sent=True, record=_RECORDER.ok(e, resp, [])[-1])
+    out.update(ok=True, sent=True, record=_RECORDER.ok(e, resp, [], attempts)[-1])
     out["text"] = getattr(resp, "text", None)
     out["finish_reason"] = getattr(resp, "finish_reason", None)
     out["endpoint_url"] = getattr(resp, "endpoint_url", None)
@@ -153,9 +154,9 @@ def ok_columns(e: BatchEntry, resp: Any) -> dict[str, Any]:
     return out
 
 
-def error_columns(e: BatchEntry, err: KotobaError) -> dict[str, Any]:
+def error_columns(e: BatchEntry, err: KotobaError, attempts: list[dict[Keyword, object]] | None = None) -> dict[str, Any]:
     out = _base(e)
-    out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err)[-1])
+    out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err, attempts)[-1])
     out["sent"] = not isinstance(err, ValidationError) and getattr(err, "sent", True)
     if isinstance(err, AdmissionRejected):
         out["admission_reason"] = err.reason
@@ -168,14 +169,14 @@ def invalid_columns(e: BatchEntry) -> dict[str, Any]:
     return out
 
 
-def batch_line(e: BatchEntry, outcome: Any) -> str:
+def batch_line(e: BatchEntry, outcome: Any, attempts: list[dict[Keyword, object]] | None = None) -> str:
     """The run-batch JSONL line `run` writes for `e`: `outcome` is the response, the typed error, or None
     (invalid: nothing was sent)."""
     if outcome is None:
         return _LINES.invalid(e)[-1]
     if isinstance(outcome, KotobaError):
-        return _LINES.failed(e, outcome)[-1]
-    return _LINES.ok(e, outcome, [])[-1]
+        return _LINES.failed(e, outcome, attempts)[-1]
+    return _LINES.ok(e, outcome, [], attempts)[-1]
 
 
 def flag_maybe_sent_twice(cols: dict[str, Any]) -> dict[str, Any]:
