@@ -38,6 +38,7 @@ def _routes(d: Dialect) -> list[str]:
     return out
 
 
+# Any: each value goes to its own Sampling attribute, of its own type (attrs.evolve)
 _SAMPLES: dict[str, Any] = {"temperature": 0.5, "top_p": 0.5, "top_k": 5, "min_p": 0.1, "max_tokens": 5, "n": 1, "best_of": 2,
             "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop": "x", "seed": 1,
             "logprobs": 2, "guided_json": {"type": "object"}, "guided_regex": "a+", "guided_choice": ("a", "b")}

@@ -22,11 +22,12 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable, Sequence
 
 import attrs
 
-from .._edn import Edn, Keyword, kw, pretty, read_file
+from .._edn import Edn, EdnMap, Keyword, kw, pretty, read_file
+from .._json import JsonValue
 from .._errors import CassetteError
 
 ENGINES = ("llamacpp", "vllm", "sglang", "router")
@@ -112,44 +113,76 @@ def _utf8_all(chunks: Iterable[bytes]) -> list[str] | None:
         return None
 
 
-def _bytes_from(m: dict[Any, Any], key: str) -> bytes | None:
+def _bytes_from(m: EdnMap, key: str) -> bytes | None:
     if kw(key) in m:
         return str(m[kw(key)]).encode("utf-8")
-    if kw(key + "-b64") in m:
-        return base64.b64decode(m[kw(key + "-b64")])
+    b64 = m.get(kw(key + "-b64"))
+    if b64 is not None:
+        return base64.b64decode(_text(b64, key + "-b64", "a base64 string"))
     return None
 
 
-def _need(m: Any, key: str, where: str) -> Any:
+def _text(v: Edn, key: str, what: str, where: str = "<cassette>") -> str:
+    if not isinstance(v, str):
+        raise CassetteError(f"{where}: :{key} must be {what}")
+    return v
+
+
+def _need(m: Edn, key: str, where: str) -> Edn:
     if not isinstance(m, dict) or kw(key) not in m:
         raise CassetteError(f"{where}: missing :{key}")
-    return m[kw(key)]
+    v: Edn = m[kw(key)]
+    return v
 
 
-def cassette_from_edn(m: Any, where: str = "<cassette>") -> Cassette:
-    prov = _need(m, "cassette/provenance", where)
+def _map(v: Edn, key: str, where: str) -> dict[Keyword, Edn]:
+    if not isinstance(v, dict):
+        raise CassetteError(f"{where}: :{key} must be a map")
+    return v
+
+
+def _keyword(v: Edn, key: str, where: str) -> Keyword:
+    if not isinstance(v, Keyword):
+        raise CassetteError(f"{where}: :{key} must be a keyword")
+    return v
+
+
+def _chunks(v: Edn, key: str, where: str) -> Sequence[Edn]:
+    if not isinstance(v, (list, tuple)):
+        raise CassetteError(f"{where}: :{key} must be a vector")
+    return v
+
+
+def cassette_from_edn(m: Edn, where: str = "<cassette>") -> Cassette:
+    prov = _map(_need(m, "cassette/provenance", where), "cassette/provenance", where)
     how = _need(prov, "cassette/how", where)
     if not isinstance(how, Keyword) or how.name not in HOWS:
         raise CassetteError(f"{where}: :cassette/how must be :recorded or :derived")
-    req = _need(m, "cassette/request", where)
-    resp = _need(m, "cassette/response", where)
+    top = _map(m, "cassette", where)
+    req = _map(_need(m, "cassette/request", where), "cassette/request", where)
+    resp = _map(_need(m, "cassette/response", where), "cassette/response", where)
     chunks: tuple[bytes, ...] | None = None
     if kw("http/chunks") in resp:
-        chunks = tuple(str(c).encode("utf-8") for c in resp[kw("http/chunks")])
+        chunks = tuple(str(c).encode("utf-8") for c in _chunks(resp[kw("http/chunks")], "http/chunks", where))
     elif kw("http/chunks-b64") in resp:
-        chunks = tuple(base64.b64decode(c) for c in resp[kw("http/chunks-b64")])
-    engine = _need(m, "cassette/engine", where)
-    backend = m.get(kw("cassette/backend"), engine)
+        chunks = tuple(base64.b64decode(_text(c, "http/chunks-b64", "base64 strings", where))
+                       for c in _chunks(resp[kw("http/chunks-b64")], "http/chunks-b64", where))
+    engine = _keyword(_need(m, "cassette/engine", where), "cassette/engine", where)
+    backend = _keyword(top.get(kw("cassette/backend"), engine), "cassette/backend", where)
     method = _need(req, "http/method", where)
+    status = _need(resp, "http/status", where)
+    if not isinstance(status, (int, str)):
+        raise CassetteError(f"{where}: :http/status must be an integer")
     return Cassette(
         name=str(_need(m, "cassette/name", where)), engine=engine.name, backend=backend.name, provenance=prov,
-        call=m.get(kw("cassette/call")) or {kw("call/op"): kw("raw")},
+        call=_map(top.get(kw("cassette/call")) or {kw("call/op"): kw("raw")}, "cassette/call", where),
         method=(method.name if isinstance(method, Keyword) else str(method)).upper(),
         path=str(_need(req, "http/path", where)), request_body=_bytes_from(req, "http/body"),
-        status=int(_need(resp, "http/status", where)),
-        headers={str(k).lower(): str(v) for k, v in (resp.get(kw("http/headers")) or {}).items()},
+        status=int(status),
+        headers={str(k).lower(): str(v)
+                 for k, v in _map(resp.get(kw("http/headers")) or {}, "http/headers", where).items()},
         body=None if chunks is not None else _bytes_from(resp, "http/body"), chunks=chunks,
-        expect=m.get(kw("cassette/expect")) or {}, source_file=where)
+        expect=_map(top.get(kw("cassette/expect")) or {}, "cassette/expect", where), source_file=where)
 
 
 def read_cassette(path: str | Path) -> Cassette:
@@ -183,19 +216,21 @@ def cassette_body(c: Cassette) -> bytes:
     return c.raw
 
 
-def cassette_json(c: Cassette) -> Any:
+def cassette_json(c: Cassette) -> JsonValue:
     """The response body as JSON (None when it is not JSON, e.g. /metrics text or a stream)."""
     try:
-        return json.loads(c.raw)
+        out: JsonValue = json.loads(c.raw)
+        return out
     except (ValueError, UnicodeDecodeError):
         return None
 
 
-def request_json(c: Cassette) -> Any:
+def request_json(c: Cassette) -> JsonValue:
     if c.request_body is None:
         return None
     try:
-        return json.loads(c.request_body)
+        out: JsonValue = json.loads(c.request_body)
+        return out
     except (ValueError, UnicodeDecodeError):
         return None
 

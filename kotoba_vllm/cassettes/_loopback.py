@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from typing import Any
 
 from ._format import Cassette
 
@@ -81,7 +80,7 @@ class LoopbackReplay:
         self.base_url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="cassette-loopback")
-        self._server: Any = None
+        self._server: asyncio.Server | None = None
         self._answers: set[asyncio.Task[None]] = set()  # held so none is collected or left pending at exit
 
     def answering(self, task: "asyncio.Task[None]") -> None:
@@ -92,17 +91,20 @@ class LoopbackReplay:
         self._thread.start()
         fut = asyncio.run_coroutine_threadsafe(
             self._loop.create_server(lambda: _Replay(self), "127.0.0.1", 0), self._loop)
-        self._server = fut.result(10)
-        self.base_url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        self._server = server = fut.result(10)
+        self.base_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
+        server = self._server
+        assert server is not None, "__exit__ without __enter__"
+
         async def stop() -> None:
-            self._server.close()
+            server.close()
             for task in list(self._answers):  # a client that left mid-stream leaves its answer sleeping
                 task.cancel()
             await asyncio.gather(*self._answers, return_exceptions=True)
-            await self._server.wait_closed()
+            await server.wait_closed()
         try:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         finally:

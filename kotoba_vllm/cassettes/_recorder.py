@@ -12,12 +12,12 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import attrs
 import httpx
 
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from .._errors import ValidationError
 from .._requests import request_from_edn
 from ._format import KEPT_HEADERS, Cassette, write_cassette
@@ -37,7 +37,7 @@ class Exchange:
 
     name: str
     op: str
-    request: dict[Keyword, Any] | None = None
+    request: dict[Keyword, Edn] | None = None
     method: str = "GET"
     path: str = ""
     body: bytes | None = None
@@ -46,17 +46,17 @@ class Exchange:
     load: int = 0
 
 
-def _m(**kv: Any) -> dict[Keyword, Any]:
+def _m(**kv: Edn) -> dict[Keyword, Edn]:
     return {kw("vllm/" + k.replace("_", "-")): v for k, v in kv.items()}
 
 
-def _edn(endpoint: str, **kv: Any) -> dict[Keyword, Any]:
-    out = {kw("vllm/endpoint"): kw(endpoint)}
+def _edn(endpoint: str, **kv: Edn) -> dict[Keyword, Edn]:
+    out: dict[Keyword, Edn] = {kw("vllm/endpoint"): kw(endpoint)}
     out.update(_m(**kv))
     return out
 
 
-def _chat(text: str) -> list[dict[Keyword, Any]]:
+def _chat(text: str) -> list[dict[Keyword, Edn]]:
     return [_m(role=kw("user"), content=text)]
 
 
@@ -64,7 +64,7 @@ def _chat(text: str) -> list[dict[Keyword, Any]]:
 vllm_map, edn_request, user_chat = _m, _edn, _chat
 
 
-def sampling(max_tokens: int = 8) -> dict[Keyword, Any]:
+def sampling(max_tokens: int = 8) -> dict[Keyword, Edn]:
     return _m(temperature=0.0, seed=42, max_tokens=max_tokens)
 
 
@@ -309,7 +309,7 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
                     fingerprint = obj.get("system_fingerprint") if isinstance(obj, dict) else None
                 except (ValueError, UnicodeDecodeError):
                     pass
-            call: dict[Keyword, Any] = {kw("call/op"): kw(ex.op)}
+            call: dict[Keyword, Edn] = {kw("call/op"): kw(ex.op)}
             if ex.request is not None:
                 call[kw("call/request")] = ex.request
             expect = expect_for(ex.op, endpoint, engine, status, headers, raw, streaming, path)
@@ -338,7 +338,7 @@ def local_server() -> LlamaServer:
     return LlamaServer(n_ctx=1024, parallel=2, embeddings=True, extra_args=("--pooling", "mean"))
 
 
-def record_local(out_dir: Any, log: Callable[[str], None] = lambda s: None) -> list[Any]:
+def record_local(out_dir: str | Path, log: Callable[[str], None] = lambda s: None) -> list[Path]:
     """Start a local llama-server, record the whole llama.cpp set into `out_dir`, stop it."""
 
     out = Path(out_dir)

@@ -10,15 +10,16 @@ deltas of a stream, and the request bodies the SDK sent (replay checks them agai
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Iterator
+from typing import AsyncIterator, Iterator
 
 import attrs
 import httpx
 import respx
 
 from .._client import AsyncClient, Client
-from .._edn import kw
+from .._edn import Edn, Keyword, kw
 from .._errors import KotobaError
+from .._json import JsonValue
 from .._model import StreamDelta
 from ._format import Cassette
 from ..dialects import classify_error
@@ -51,7 +52,7 @@ def http_response(c: Cassette) -> httpx.Response:
 
 @attrs.define
 class Outcome:
-    result: Any = None
+    result: object = None  # what the call returned: a Response, a model list, a health answer...
     error: KotobaError | None = None
     deltas: list[StreamDelta] = attrs.field(factory=list)
     sent: list[bytes] = attrs.field(factory=list)
@@ -59,13 +60,13 @@ class Outcome:
     raw: bytes | None = None  # probe / raw ops: the body the client's transport read
 
 
-def _mock(c: Cassette) -> tuple[respx.MockRouter, Any]:
+def _mock(c: Cassette) -> tuple[respx.MockRouter, respx.Route]:
     router = respx.mock(assert_all_called=False, assert_all_mocked=True)
     route = router.route(method=c.method, url=BASE_URL + c.path).mock(side_effect=lambda req: http_response(c))
     return router, route
 
 
-def _request_map(c: Cassette) -> dict[Any, Any]:
+def _request_map(c: Cassette) -> dict[Keyword, Edn]:
     req = c.call.get(K_REQUEST)
     assert isinstance(req, dict), f"{c.id}: :call/request missing"
     return req
@@ -162,8 +163,8 @@ async def _drive_async(c: Cassette, client: AsyncClient, base: str) -> Outcome:
     return out
 
 
-def sent_json(out: Outcome) -> list[Any]:
-    res = []
+def sent_json(out: Outcome) -> list[JsonValue | bytes]:
+    res: list[JsonValue | bytes] = []
     for b in out.sent:
         try:
             res.append(json.loads(b) if b else None)
