@@ -13,13 +13,13 @@ import time
 from collections import Counter
 from typing import Callable, Protocol, Sequence, Union, cast
 
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from .._errors import AdmissionRejected, ConfigError, KotobaError
 from ._entry import BatchEntry
 
 # How a request ended: (response, deltas), the typed error, or None (abandoned: no answer at all).
 Outcome = Union["tuple[object, Sequence[object]]", KotobaError, None]
-EdnMap = dict[Keyword, object]
+EdnMap = dict[Keyword, Edn]
 
 
 class Limiter(Protocol):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from .._edn import EdnError, Keyword
+from .._edn import Edn, EdnError, Keyword
 from .._errors import AdmissionRejected, ConfigError, KotobaError, ValidationError
 from .._requests import request_from_edn
 from .._validate import request_problems
@@ -133,7 +133,7 @@ def _figure(out: dict[str, Any], prefix: str, fig: Any) -> None:
     out[f"{prefix}_computed_from"] = ",".join(fig.computed_from) if fig.computed_from else None
 
 
-def ok_columns(e: BatchEntry, resp: Any, attempts: list[dict[Keyword, object]] | None = None) -> dict[str, Any]:
+def ok_columns(e: BatchEntry, resp: Any, attempts: list[dict[Keyword, Edn]] | None = None) -> dict[str, Any]:
     """`attempts`: every attempt of a request rejected at admission and sent again (the record's :vllm/attempts)."""
     out = _base(e)
     out.update(ok=True, sent=True, record=_RECORDER.ok(e, resp, [], attempts)[-1])
@@ -154,7 +154,7 @@ def ok_columns(e: BatchEntry, resp: Any, attempts: list[dict[Keyword, object]] |
     return out
 
 
-def error_columns(e: BatchEntry, err: KotobaError, attempts: list[dict[Keyword, object]] | None = None) -> dict[str, Any]:
+def error_columns(e: BatchEntry, err: KotobaError, attempts: list[dict[Keyword, Edn]] | None = None) -> dict[str, Any]:
     out = _base(e)
     out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err, attempts)[-1])
     out["sent"] = not isinstance(err, ValidationError) and getattr(err, "sent", True)
@@ -169,7 +169,7 @@ def invalid_columns(e: BatchEntry) -> dict[str, Any]:
     return out
 
 
-def batch_line(e: BatchEntry, outcome: Any, attempts: list[dict[Keyword, object]] | None = None) -> str:
+def batch_line(e: BatchEntry, outcome: Any, attempts: list[dict[Keyword, Edn]] | None = None) -> str:
     """The run-batch JSONL line `run` writes for `e`: `outcome` is the response, the typed error, or None
     (invalid: nothing was sent)."""
     if outcome is None:
