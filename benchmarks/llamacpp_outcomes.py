@@ -35,6 +35,7 @@ from kotoba_vllm._edn import dumps, kw  # noqa: E402
 from kotoba_vllm.local import GEMMA3_270M, LlamaServer, build_string  # noqa: E402
 
 POLICIES = ("affinity", "round-robin", "random")
+N_CTX_PER_SLOT = 4096  # room for the longest transcript (--first-notes/--later-notes) and its answer
 # Each user turn adds a paragraph, so the transcript a turn re-sends grows by ~70-100 tokens.
 TOPICS = ("the river that runs through the old town", "a small bakery that opens before dawn",
           "the lighthouse keeper's daily routine", "a mountain railway built a century ago",
@@ -45,6 +46,26 @@ ASKS = ("Describe {t} in a few sentences, as if for a travel guide, mentioning t
         "Finally, tell a short anecdote about {t} that a local might tell a stranger over coffee.",
         "Summarise everything said about {t} so far in two sentences.",
         "What question would a child ask about {t}, and how would you answer it?")
+
+
+PEOPLE = ("a fisherman", "two students", "the baker's daughter", "an old postman", "a painter", "a tour guide",
+          "a tired nurse", "three cyclists", "a schoolteacher", "a man with a dog")
+THINGS = ("a basket of pears", "a folded map", "an umbrella", "a bundle of letters", "a camera", "a loaf of rye bread",
+          "a violin case", "a sack of flour", "a pot of geraniums", "a stack of newspapers")
+
+
+def notes(topic: str, conv: int, turn: int, sentences: int) -> str:
+    """Notes the user pastes into a turn, so transcripts reach the sizes real chats re-send: deterministic,
+    different for every conversation and turn (no two conversations share a prefix beyond the template)."""
+    rng = random.Random(f"notes {conv}/{turn}")
+    return " ".join(f"At {rng.randrange(5, 23)}:{rng.randrange(60):02d} {rng.choice(PEOPLE)} passed {topic} "
+                    f"carrying {rng.choice(THINGS)}." for _ in range(sentences))
+
+
+def user_turn(topic: str, conv: int, turn: int, first_notes: int, later_notes: int) -> str:
+    ask = ASKS[turn % len(ASKS)].format(t=topic)
+    n = first_notes if turn == 0 else later_notes
+    return f"{ask} My notes: {notes(topic, conv, turn, n)}" if n else ask
 
 
 def conversation_order(conversations: int, turns: int, seed: int) -> list[tuple[int, int]]:
@@ -67,7 +88,8 @@ def start_members(n: int, threads: int, parallel: int) -> list[LlamaServer]:
     servers: list[LlamaServer] = []
     try:
         for _ in range(n):
-            servers.append(LlamaServer(model=GEMMA3_270M, n_ctx=4096, parallel=parallel, threads=threads,
+            servers.append(LlamaServer(model=GEMMA3_270M, n_ctx=N_CTX_PER_SLOT * parallel, parallel=parallel,
+                                       threads=threads,
                                        startup_timeout=120).start())
     except BaseException:
         for s in servers:
@@ -77,18 +99,19 @@ def start_members(n: int, threads: int, parallel: int) -> list[LlamaServer]:
 
 
 def run_policy(policy: str, order: Sequence[tuple[int, int]], max_tokens: int, seed: int, threads: int,
-               parallel: int) -> list[dict[str, Any]]:
+               parallel: int, first_notes: int = 0, later_notes: int = 0) -> list[dict[str, Any]]:
     """One policy over fresh members: one record per answer, the server's own numbers in it."""
     servers = start_members(2, threads, parallel)
     try:
-        return serve_policy(policy, order, [s.base_url for s in servers], max_tokens, seed)
+        return serve_policy(policy, order, [s.base_url for s in servers], max_tokens, seed,
+                            first_notes=first_notes, later_notes=later_notes)
     finally:
         for s in servers:
             s.stop()
 
 
 def serve_policy(policy: str, order: Sequence[tuple[int, int]], urls: Sequence[str], max_tokens: int, seed: int,
-                 topic_offset: int = 0) -> list[dict[str, Any]]:
+                 topic_offset: int = 0, first_notes: int = 0, later_notes: int = 0) -> list[dict[str, Any]]:
     """The conversations through `urls` (two members) by `policy`; `topic_offset` picks other topics, so
     members already used by another policy share no transcript with this one."""
     urls = list(urls)
@@ -102,7 +125,7 @@ def serve_policy(policy: str, order: Sequence[tuple[int, int]], urls: Sequence[s
         for i, (conv, turn) in enumerate(order):
             msgs = transcripts.setdefault(conv, [])
             topic = TOPICS[(conv + topic_offset) % len(TOPICS)]
-            msgs.append({"role": "user", "content": ASKS[turn % len(ASKS)].format(t=topic)})
+            msgs.append({"role": "user", "content": user_turn(topic, conv, turn, first_notes, later_notes)})
             sampling: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "seed": seed}
             if pool is not None:
                 r = pool.chat(msgs, **sampling)
@@ -215,6 +238,9 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[str], None] = pr
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16, help="answer length per turn (default 16)")
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--first-notes", type=int, default=0,
+                   help="sentences of notes in a conversation's first turn (~15 Gemma tokens each; default 0)")
+    p.add_argument("--later-notes", type=int, default=0, help="sentences of notes in each later turn (default 0)")
     p.add_argument("--threads", type=int, default=1,
                    help="threads per server (default 1: two members share 2 cores, and spinning OpenMP threads on a "
                         "busy core slow llama.cpp down many times over)")
@@ -230,12 +256,14 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[str], None] = pr
     rows: list[dict[str, Any]] = []
     for policy in POLICIES:
         progress(f";; {policy}: {len(order)} answers over two fresh Gemma members")
-        rows += run_policy(policy, order, args.max_tokens, args.seed, args.threads, args.parallel)
+        rows += run_policy(policy, order, args.max_tokens, args.seed, args.threads, args.parallel,
+                           args.first_notes, args.later_notes)
     result: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"), "build": build_string(), "model": GEMMA3_270M,
         "machine": {"cpus": os.cpu_count(), "load-average": [round(x, 2) for x in os.getloadavg()]},
         "affinity": {"size": {"conversations": args.conversations, "turns": args.turns,
-                              "max-tokens": args.max_tokens, "members": 2, "slots-per-member": args.parallel,
+                              "max-tokens": args.max_tokens, "first-notes": args.first_notes,
+                              "later-notes": args.later_notes, "members": 2, "slots-per-member": args.parallel,
                               "threads-per-member": args.threads},
                      "order": [list(x) for x in order], "summary": affinity_summary(rows), "answers": rows}}
     out = Path(args.output) if args.output else (

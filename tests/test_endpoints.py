@@ -257,3 +257,11 @@ def test_control_answers_in_words_or_json() -> None:
                                             "loaded_adapters": {}})
     assert not failed.ok and failed.message == "no such adapter"
     assert failed.detail == {kw("success"): False, kw("error_message"): "no such adapter", kw("loaded_adapters"): {}}
+
+
+def test_a_pass_through_body_on_a_json_array_body_is_refused_by_name() -> None:
+    # llama.cpp's LoRA scales are a JSON array: an :vllm/extra-body key has no object to go into
+    req = LoraScaleRequest(adapters=(LoraScale(id=0, scale=0.5),), extras={"vllm/extra-body": {kw("a"): 1}})
+    with pytest.raises(ValidationError, match="has no JSON object to go into") as e:
+        get_dialect("llamacpp").render(req)
+    assert e.value.problems[0].field == "vllm/extra-body"

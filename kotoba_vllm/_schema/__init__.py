@@ -9,11 +9,11 @@ table (`_typed`) where the code has one, else what the code's `to_edn` emits for
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Iterable
 
 from .._fields import FIELDS as ENGINE_FIELDS
 from .._fields import EXTRA_BODY, EXTRA_HEADERS, REFUSED_BODY_KEYS, REFUSED_HEADERS, On, fields_on
-from .._edn import kw, pretty
+from .._edn import Edn, Keyword, kw, pretty
 from .._model import (CacheResetRequest, ChatRequest, Choice, ClassifyRequest, ClassifyResponse, ClassifyResult,
                       CompletionRequest, ContentPart, ControlResponse, DetokenizeRequest, EmbeddingRequest, Figure,
                       GenerateRequest, LoraAdapter, LoraAdaptersResponse, LoraListRequest, LoraLoadRequest, LoraScale,
@@ -42,7 +42,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 REQUEST_REF = "shapes.edn (a request map)"
 
 
-def shapes() -> dict[Any, Any]:
+def shapes() -> dict[Keyword, Edn]:
     out = codec_shapes(SHAPES)
     out[kw("shape/sampling-table")] = [
         {kw("schema/key"): kw(k.key), kw("schema/wire"): k.wire, kw("schema/min"): k.lo, kw("schema/max"): k.hi}
@@ -50,17 +50,19 @@ def shapes() -> dict[Any, Any]:
     return out
 
 
-def engine(d: Dialect) -> dict[Any, Any]:
+def _sorted_keywords(names: Iterable[str]) -> list[Keyword]:
+    return [kw(n) for n in sorted(names)]
+
+
+def engine(d: Dialect) -> dict[Keyword, Edn]:
 
     return {
         kw("engine/name"): kw(d.name),
         kw("engine/routes"): {kw(ep): path for ep, path in d.routes.items()},
         kw("engine/models-path"): d.models_path,
         kw("engine/health-path"): d.health_path,
-        kw("engine/endpoint-options"): sorted((kw(OPTIONS[a][0]) for a in d.endpoint_options),
-                                                key=lambda k: k.name),
-        kw("engine/sampling"): {kw(ep): sorted((kw(KNOBS_BY_ATTR[a].key) for a in attrs_),
-                                               key=lambda k: k.name)
+        kw("engine/endpoint-options"): _sorted_keywords(OPTIONS[a][0] for a in d.endpoint_options),
+        kw("engine/sampling"): {kw(ep): _sorted_keywords(KNOBS_BY_ATTR[a].key for a in attrs_)
                                 for ep, attrs_ in d.sampling_support.items()},
         kw("engine/wire-names"): {kw(ep): {kw(KNOBS_BY_ATTR[a].key): w for a, w in names.items()}
                                   for ep, names in d.wire_names.items()},
@@ -71,14 +73,14 @@ def engine(d: Dialect) -> dict[Any, Any]:
     }
 
 
-def engine_field(where: On) -> dict[Any, Any]:
-    out: dict[Any, Any] = {kw("engine/wire"): where.wire, kw("engine/routes"): [kw(r) for r in sorted(where.routes)]}
+def engine_field(where: On) -> dict[Keyword, Edn]:
+    out: dict[Keyword, Edn] = {kw("engine/wire"): where.wire, kw("engine/routes"): [kw(r) for r in sorted(where.routes)]}
     if where.sampling:
         out[kw("engine/generate-sampling-params")] = where.native or where.wire
     return out
 
 
-def fields() -> dict[Any, Any]:
+def fields() -> dict[Keyword, Edn]:
     return {kw("fields/namespaces"): {
                 kw("vllm"): "a field several engines accept (checked per engine), and the library's own keys",
                 kw("vllm.engine"): "a field only vLLM accepts", kw("sglang"): "a field only SGLang accepts",
@@ -94,19 +96,19 @@ def fields() -> dict[Any, Any]:
                                         kw("fields/refused-body-keys"): sorted(REFUSED_BODY_KEYS)}}
 
 
-def capacity() -> dict[Any, Any]:
+def capacity() -> dict[Keyword, Edn]:
 
     out = codec_shapes((CapacityAnswer, Slots, Queue, Evidence, PoolCapacity))
     out[kw("shape/verdicts")] = [kw(v) for v in VERDICTS]
     return out
 
 
-def pool() -> dict[Any, Any]:
+def pool() -> dict[Keyword, Edn]:
 
     return codec_shapes((PoolConfig,))
 
 
-def distributed() -> dict[Any, Any]:
+def distributed() -> dict[Keyword, Edn]:
 
     out = kind_shapes(TABLES, KIND_TEXT)
     out[kw("shape/kotodama-aliases")] = {kw(a): kw(c) for a, c in KOTODAMA_ALIASES.items()}
@@ -114,24 +116,24 @@ def distributed() -> dict[Any, Any]:
     return out
 
 
-def cassette() -> dict[Any, Any]:
+def cassette() -> dict[Keyword, Edn]:
     return {kw("shape/Cassette"): observe(_samples.cassette_samples(),
                                           {"call/request": REQUEST_REF, "cassette/expect": "kotoba_vllm/cassettes/"
                                                                                           "_expect.py (per cassette)"})}
 
 
-def batch() -> dict[Any, Any]:
+def batch() -> dict[Keyword, Edn]:
     return {kw("shape/BatchSummary"): observe(_samples.batch_samples())}
 
 
-def ray_batch() -> dict[Any, Any]:
+def ray_batch() -> dict[Keyword, Edn]:
     from ..ray._rows import COLUMNS, INDEX  # the ray extra: only when the schemas are written
 
     return {kw("shape/RaySummary"): observe(_samples.ray_summary_samples()),
             kw("shape/RayRow"): {kw(f"column/{name}"): typ for name, typ in {INDEX: "int64", **COLUMNS}.items()}}
 
 
-def server_config() -> dict[Any, Any]:
+def server_config() -> dict[Keyword, Edn]:
     return {kw("shape/ServerConfig"): observe(_samples.server_config_samples(),
                                               {"config/fields": "a map of :config/<field> (below) -> a field"}),
             kw("shape/fields"): {kw("config/" + n): means for n, means in FIELDS.items()},
@@ -142,12 +144,12 @@ def server_config() -> dict[Any, Any]:
                                          for n, r in rows.items()} for e, rows in READS.items()}}
 
 
-def bench() -> dict[Any, Any]:
+def bench() -> dict[Keyword, Edn]:
     return {kw("shape/bench-result"): observe(_samples.bench_samples())}
 
 
 # file -> (what it describes and where from, the generator)
-FILES: dict[str, tuple[str, Callable[[], dict[Any, Any]]]] = {
+FILES: dict[str, tuple[str, Callable[[], dict[Keyword, Edn]]]] = {
     "shapes.edn": ("Generated from kotoba_vllm/_model.py", shapes),
     "capacity.edn": ("Capacity answers (DESIGN §4). Generated from the key table in kotoba_vllm/capacity/"
                      "_answer.py", capacity),

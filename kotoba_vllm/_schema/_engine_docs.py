@@ -38,6 +38,7 @@ def _routes(d: Dialect) -> list[str]:
     return out
 
 
+# Any: each value goes to its own Sampling attribute, of its own type (attrs.evolve)
 _SAMPLES: dict[str, Any] = {"temperature": 0.5, "top_p": 0.5, "top_k": 5, "min_p": 0.1, "max_tokens": 5, "n": 1, "best_of": 2,
             "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop": "x", "seed": 1,
             "logprobs": 2, "guided_json": {"type": "object"}, "guided_regex": "a+", "guided_choice": ("a", "b")}
@@ -48,7 +49,8 @@ def _wire_keys(d: Dialect, ep: str, sampling: Sampling | None) -> set[str]:
     req: Request = (ChatRequest(messages=(Message(role="user", content="x"),), sampling=sampling) if ep == "chat"
                     else CompletionRequest(prompt="x", sampling=sampling) if ep == "completion"
                     else GenerateRequest(prompt="x", sampling=sampling))
-    body = d.render(req).body or {}
+    rendered = d.render(req).body
+    body = rendered if isinstance(rendered, dict) else {}  # chat, completion, generate: a JSON object
     params = body.get("sampling_params")
     return set(body) | ({f"sampling_params.{k}" for k in params} if isinstance(params, dict) else set())
 

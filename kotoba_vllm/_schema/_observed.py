@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import datetime as _dt
 from decimal import Decimal
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 
 
-def kind(v: Any) -> str:
+def kind(v: object) -> str:
     if v is None:
         return "nil"
     if isinstance(v, bool):
@@ -36,18 +36,18 @@ def kind(v: Any) -> str:
     return type(v).__name__
 
 
-def _namespaced(m: Any) -> bool:
+def _namespaced(m: object) -> bool:
     return isinstance(m, dict) and bool(m) and all(isinstance(k, Keyword) and "/" in k.name for k in m)
 
 
-def observe(samples: Iterable[Any], refs: Mapping[str, str] | None = None) -> dict[Any, Any]:
+def observe(samples: Iterable[object], refs: Mapping[str, str] | None = None) -> dict[Keyword, Edn]:
     """Describe the maps in `samples` (all one shape). `refs`: keys described elsewhere ({key: where})."""
     refs = refs or {}
     maps = [s for s in samples if isinstance(s, dict)]
-    keys: dict[Any, Any] = {}
+    keys: dict[object, Edn] = {}
     for k in sorted({k for m in maps for k in m}, key=str):
         values = [m[k] for m in maps if k in m]
-        entry: dict[Any, Any] = {kw("schema/types"): sorted({kind(v) for v in values}),
+        entry: dict[Keyword, Edn] = {kw("schema/types"): sorted({kind(v) for v in values}),
                                  kw("schema/required?"): len(values) == len(maps)}
         name = k.name if isinstance(k, Keyword) else str(k)
         if name in refs:

@@ -7,11 +7,9 @@ failed link, a server that reported or did not), so every key it can write appea
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
-
 import attrs
 
-from .._edn import kw
+from .._edn import Edn, Keyword, kw
 from ..batch._runner import BatchSummary
 from ..bench._metrics import Rate, ServerRates
 from ..bench._report import summary_edn
@@ -22,9 +20,9 @@ from ..distributed import plan, spec_from_edn
 from ..server_config import read_config, unmeasured_config
 
 
-def plan_samples() -> list[dict[Any, Any]]:
+def plan_samples() -> list[dict[Keyword, Edn]]:
 
-    def spec(nodes: int, links: list[dict[Any, Any]], **top: Any) -> dict[Any, Any]:
+    def spec(nodes: int, links: list[dict[Keyword, Edn]], **top: Edn) -> dict[Keyword, Edn]:
         return {kw("dist/model"): {kw("model/id"): "m", kw("model/path"): "/m.gguf", kw("model/layers"): 32,
                                    kw("model/weight-bytes"): 4_000_000_000},
                 kw("dist/nodes"): [{kw("node/name"): f"n{i}", kw("node/address"): f"10.0.0.{i + 1}",
@@ -32,17 +30,21 @@ def plan_samples() -> list[dict[Any, Any]]:
                                    for i in range(nodes)],
                 **({kw("dist/links"): links} if links else {}), **{kw(k): v for k, v in top.items()}}
 
-    verified = {kw("link/from"): "n0", kw("link/to"): "n1", kw("link/method"): kw("receiver-verified"),
+    verified: dict[Keyword, Edn] = {kw("link/from"): "n0", kw("link/to"): "n1", kw("link/method"): kw("receiver-verified"),
                 kw("link/mbps"): 933.0, kw("link/bytes"): 67108864, kw("link/ms"): 575.0}
-    failed = {kw("link/from"): "n1", kw("link/to"): "n2", kw("link/method"): kw("receiver-verified"),
+    failed: dict[Keyword, Edn] = {kw("link/from"): "n1", kw("link/to"): "n2", kw("link/method"): kw("receiver-verified"),
               kw("link/failure"): "short transfer"}
-    def fleet(roles: bool = False) -> dict[Any, Any]:
-        raw = spec(2, [], **{"dist/context-length": 4096, "dist/slots": 8, "dist/memory-fraction": 0.85,
-                             "dist/kv-cache-bytes": 8_000_000_000,
-                             "dist/speculative": {kw("speculative/method"): kw("draft"),
-                                                  kw("speculative/draft-model"): "/d", kw("speculative/tokens"): 4}})
-        raw[kw("dist/model")][kw("model/experts")] = 64
-        for i, n in enumerate(raw[kw("dist/nodes")]):
+    def fleet(roles: bool = False) -> dict[Keyword, Edn]:
+        top: dict[str, Edn] = {"dist/context-length": 4096, "dist/slots": 8, "dist/memory-fraction": 0.85,
+                               "dist/kv-cache-bytes": 8_000_000_000,
+                               "dist/speculative": {kw("speculative/method"): kw("draft"),
+                                                    kw("speculative/draft-model"): "/d", kw("speculative/tokens"): 4}}
+        raw = spec(2, [], **top)
+        model, nodes = raw[kw("dist/model")], raw[kw("dist/nodes")]
+        assert isinstance(model, dict) and isinstance(nodes, list)  # as spec() builds them
+        model[kw("model/experts")] = 64
+        for i, n in enumerate(nodes):
+            assert isinstance(n, dict)
             n.update({kw("node/accelerators"): 4, kw("node/accelerator-memory-bytes"): 8_000_000_000,
                       kw("node/serve-port"): 8100 + i, **({kw("node/role"): kw(("prefill", "decode")[i])}
                                                          if roles else {})})
@@ -58,7 +60,7 @@ def plan_samples() -> list[dict[Any, Any]]:
     return out
 
 
-def cassette_samples() -> list[dict[Any, Any]]:
+def cassette_samples() -> list[dict[Keyword, Edn]]:
     """Every cassette in tests/cassettes read and written back, plus the base64 branches."""
 
     found = load_cassettes()
@@ -72,7 +74,7 @@ def cassette_samples() -> list[dict[Any, Any]]:
     return out
 
 
-def batch_samples() -> list[dict[Any, Any]]:
+def batch_samples() -> list[dict[Keyword, Edn]]:
 
     done = BatchSummary(sent=2, recorded=3, elapsed_s=1.5, output="out.edn")
     done.outcomes.update({"ok": 2, "validation": 1})
@@ -80,7 +82,7 @@ def batch_samples() -> list[dict[Any, Any]]:
     return [done.to_edn(), cut.to_edn()]
 
 
-def ray_summary_samples() -> list[dict[Any, Any]]:
+def ray_summary_samples() -> list[dict[Keyword, Edn]]:
     from ..ray._summary import summary_edn
 
     stats = {"outcomes": Counter({"ok": 9, "admission-rejected": 1}), "rows": 10, "sent": 11, "maybe_sent_twice": 1,
@@ -90,7 +92,7 @@ def ray_summary_samples() -> list[dict[Any, Any]]:
                         already_done=10, elapsed_s=0.0, output="out/")]
 
 
-def bench_samples() -> list[dict[Any, Any]]:
+def bench_samples() -> list[dict[Keyword, Edn]]:
 
     ok = Sample(target="http://h:8080", concurrency=1, started=0.0, finished=1.0, answered_by="http://h:8080",
                 completion_tokens=8, prefill_tokens=4, prefill_ms=10.0, prefill_rate=400.0,
@@ -105,7 +107,7 @@ def bench_samples() -> list[dict[Any, Any]]:
             summary_edn(summarize_group("http://h:8080", "http://h:8080", 1, []))]
 
 
-def server_config_samples() -> list[dict[Any, Any]]:
+def server_config_samples() -> list[dict[Keyword, Edn]]:
     """Each engine's recorded configuration answers read back, a failed path, and an unreachable server."""
     by_name = {(c.engine, c.path): c for c in load_cassettes() if c.how == "recorded" and c.op in ("probe", "models")}
     paths = {"llamacpp": ("/props", "/slots", "/v1/models"), "sglang": ("/server_info",),

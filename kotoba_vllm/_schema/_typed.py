@@ -6,24 +6,25 @@ Two tables exist: `_codec` classes (`{"edn": key, "codec": Codec}`, used by `_mo
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import attrs
 
 from .._codec import class_spec
-from .._edn import kw
+from .._edn import Edn, Keyword, kw
+from ..distributed._spec import SpecKey
 
 
-def codec_shapes(classes: Iterable[type]) -> dict[Any, Any]:
+def codec_shapes(classes: Iterable[type]) -> dict[Keyword, Edn]:
     """`:shape/<Class>` -> its keys, each with the codec's type text and whether it is required."""
-    out: dict[Any, Any] = {}
+    out: dict[Keyword, Edn] = {}
     for cls in classes:
         spec = class_spec(cls)
-        fields: dict[Any, Any] = {}
+        fields: dict[Keyword, Edn] = {}
         for name, key, codec in spec.fields:
             a = attrs.fields_dict(cls)[name]
             fields[key] = {kw("schema/type"): codec.name, kw("schema/required?"): a.default is attrs.NOTHING}
-        entry: dict[Any, Any] = {kw("schema/keys"): fields}
+        entry: dict[Keyword, Edn] = {kw("schema/keys"): fields}
         if spec.extras_attr:
             entry[kw("schema/extra-namespaces")] = [kw(ns) for ns in spec.extras_ns]
         endpoint = getattr(cls, "endpoint", None)
@@ -33,8 +34,8 @@ def codec_shapes(classes: Iterable[type]) -> dict[Any, Any]:
     return out
 
 
-def kind_shapes(tables: Mapping[type, Mapping[str, Any]], kind_text: Mapping[str, str]) -> dict[Any, Any]:
-    """The distributed spec's tables: {class: {"ns/key": _Key(attr, kind, required)}}."""
+def kind_shapes(tables: Mapping[type, Mapping[str, SpecKey]], kind_text: Mapping[str, str]) -> dict[Keyword, Edn]:
+    """The distributed spec's tables: {class: {"ns/key": SpecKey(attr, kind, required)}}."""
     return {kw("shape/" + cls.__name__): {kw("schema/keys"): {
         kw(key): {kw("schema/type"): kind_text[k.kind], kw("schema/required?"): k.required}
         for key, k in table.items()}} for cls, table in tables.items()}

@@ -19,14 +19,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import IO, Any, Iterator
+from typing import IO, Iterator, cast
 
 import attrs
 
 from .._codec import edn_to_json
-from .._edn import MAX_DEPTH, Keyword, kw
+from .._edn import MAX_DEPTH, Edn, Keyword, kw
+from .._json import JsonObject, JsonValue
 from .._errors import InternalError, KotobaError, ServerError
-from .._model import EmbeddingResponse, Response, to_edn
+from .._model import EmbeddingResponse, Response, Usage, to_edn
 from .._openai_messages import message_to_edn
 from .._problems import Problem
 from .._requests import request_from_edn
@@ -56,7 +57,7 @@ def _problem(code: str, msg: str, where: str, field: str | None = None) -> Probl
     return Problem("error", code, msg, field=field, where=where)
 
 
-def _message(m: Any, i: int, where: str, problems: list[Problem]) -> Any:
+def _message(m: JsonValue, i: int, where: str, problems: list[Problem]) -> Edn:
     if not isinstance(m, dict):
         return m  # the request reader reports the type
     out, unknown = message_to_edn(m)
@@ -66,14 +67,14 @@ def _message(m: Any, i: int, where: str, problems: list[Problem]) -> Any:
     return out
 
 
-def body_to_edn(body: dict[str, Any], endpoint: str, where: str) -> tuple[dict[Keyword, Any], list[Problem]]:
+def body_to_edn(body: JsonObject, endpoint: str, where: str) -> tuple[dict[Keyword, Edn], list[Problem]]:
     """An OpenAI request body -> an EDN request map, and the fields that have no EDN meaning."""
     problems: list[Problem] = []
-    m: dict[Keyword, Any] = {kw("vllm/endpoint"): kw(endpoint)}
-    sampling: dict[Keyword, Any] = {}
+    m: dict[Keyword, Edn] = {kw("vllm/endpoint"): kw(endpoint)}
+    sampling: dict[Keyword, Edn] = {}
     top = _TOP[endpoint]
-    logprobs: Any = None
-    top_logprobs: Any = None
+    logprobs: JsonValue = None
+    top_logprobs: JsonValue = None
     for k, v in body.items():
         if k in top:
             m[kw(top[k])] = v
@@ -90,7 +91,7 @@ def body_to_edn(body: dict[str, Any], endpoint: str, where: str) -> tuple[dict[K
         elif k == "top_logprobs":
             top_logprobs = v
         elif k == "response_format" and isinstance(v, dict) and v.get("type") == "json_schema":
-            schema = (v.get("json_schema") or {}).get("schema")
+            schema = cast(JsonObject, v.get("json_schema") or {}).get("schema")
             sampling[kw("vllm/guided-json")] = schema
         elif k == "structured_outputs" and isinstance(v, dict):
             for sk, key in (("json", "vllm/guided-json"), ("regex", "vllm/guided-regex"),
@@ -114,7 +115,7 @@ def body_to_edn(body: dict[str, Any], endpoint: str, where: str) -> tuple[dict[K
 _TOO_DEEP = object()
 
 
-def _depth(obj: Any) -> int:
+def _depth(obj: object) -> int:
     """How deeply `obj`'s lists and maps nest (iteratively: no recursion limit of its own)."""
     deepest, todo = 0, [(obj, 1)]
     while todo:
@@ -174,7 +175,7 @@ def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry
     return BatchEntry(index, where, req, tuple(problems), cid)
 
 
-def _split_url(url: Any) -> tuple[str | None, Any]:
+def _split_url(url: object) -> tuple[str | None, object]:
     """An absolute `url` ("http://host:port/v1/chat/completions") -> (its server, the route)."""
     if isinstance(url, str) and "://" in url:
         for route in URL_ENDPOINTS:
@@ -205,10 +206,10 @@ def iter_jsonl_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
 
 # ------------------------------------------------------------------ output
 
-def _usage(u: Any) -> dict[str, Any] | None:
+def _usage(u: Usage | None) -> dict[str, object] | None:
     if u is None:
         return None
-    out = {"prompt_tokens": u.prompt_tokens or 0, "completion_tokens": u.completion_tokens or 0,
+    out: dict[str, object] = {"prompt_tokens": u.prompt_tokens or 0, "completion_tokens": u.completion_tokens or 0,
            "total_tokens": u.total_tokens if u.total_tokens is not None
            else (u.prompt_tokens or 0) + (u.completion_tokens or 0)}
     if u.cached_tokens is not None:
@@ -216,7 +217,7 @@ def _usage(u: Any) -> dict[str, Any] | None:
     return out
 
 
-def response_body(resp: Any, endpoint: str) -> dict[str, Any]:
+def response_body(resp: object, endpoint: str) -> dict[str, object]:
     """Our normalized response as the OpenAI object the endpoint returns."""
     if isinstance(resp, EmbeddingResponse):
         return {"object": "list", "model": resp.model or "",
@@ -227,10 +228,10 @@ def response_body(resp: Any, endpoint: str) -> dict[str, Any]:
     chat = endpoint == "chat"
     choices = []
     for c in resp.choices:
-        choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
+        choice: dict[str, object] = {"index": c.index, "finish_reason": c.finish_reason,
                                   "logprobs": edn_to_json(c.logprobs) if c.logprobs is not None else None}
         if chat:
-            msg: dict[str, Any] = {"role": "assistant", "content": c.text}
+            msg: dict[str, object] = {"role": "assistant", "content": c.text}
             if c.tool_calls:
                 msg["tool_calls"] = [{"id": t.id, "type": t.type or "function",
                                       "function": {"name": t.name, "arguments": t.arguments or ""}}
@@ -241,7 +242,7 @@ def response_body(resp: Any, endpoint: str) -> dict[str, Any]:
         else:
             choice["text"] = c.text or ""
         choices.append(choice)
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "id": resp.id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         "object": "chat.completion" if chat else "text_completion",
         "created": resp.created if resp.created is not None else int(time.time()),
@@ -261,15 +262,15 @@ def _custom_id(entry: BatchEntry) -> str:
     return str(rid) if rid is not None else f"request-{entry.index}"
 
 
-def output_line(entry: BatchEntry, result: Any = None, error: KotobaError | None = None,
-                problems: tuple[Problem, ...] | None = None, attempts: list[dict[Keyword, Any]] | None = None) -> str:
+def output_line(entry: BatchEntry, result: object = None, error: KotobaError | None = None,
+                problems: tuple[Problem, ...] | None = None, attempts: list[dict[Keyword, Edn]] | None = None) -> str:
     """One output line: a response, a typed error, or validation problems (nothing sent); `attempts`: every
     attempt of a request rejected at admission and sent again (`kotoba.attempts`)."""
-    kotoba: dict[str, Any] = {"request_index": entry.index, "where": entry.where}
+    kotoba: dict[str, object] = {"request_index": entry.index, "where": entry.where}
     if attempts is not None:
         kotoba["attempts"] = edn_to_json(attempts)
-    response: dict[str, Any] | None = None
-    err: dict[str, Any] | None = None
+    response: dict[str, object] | None = None
+    err: dict[str, object] | None = None
     # both request ids: ours (sent to the engine) and the one the server answered with (its x-request-id)
     ours = entry.request_id
     server_id = getattr(error if error is not None else result, "server_request_id", None)

@@ -8,10 +8,9 @@ so streams are compared event by event, not chunk by chunk.
 from __future__ import annotations
 
 import json
-from typing import Any
-
 from prometheus_client.parser import text_string_to_metric_families
 
+from .._json import JsonValue
 from ._format import Cassette, sse_payloads
 
 # Values that legitimately change between two recordings of the same exchange.
@@ -19,7 +18,7 @@ VOLATILE = frozenset({"id", "created", "timings", "system_fingerprint", "model",
                       "owned_by", "id_task", "t_start", "date"})
 
 
-def _strip(v: Any) -> Any:
+def _strip(v: JsonValue) -> JsonValue:
     if isinstance(v, dict):
         return {k: _strip(x) for k, x in v.items() if k not in VOLATILE}
     if isinstance(v, list):
@@ -27,14 +26,14 @@ def _strip(v: Any) -> Any:
     return v
 
 
-def _json_or_text(s: str) -> Any:
+def _json_or_text(s: str) -> JsonValue:
     try:
         return _strip(json.loads(s))
     except ValueError:
         return s
 
 
-def comparable(c: Cassette) -> Any:
+def comparable(c: Cassette) -> tuple[object, ...]:
     """The part of a cassette a re-recording must reproduce."""
     head = (c.method, c.path, c.status, c.headers.get("content-type"), c.request_body)
     if c.op == "probe":

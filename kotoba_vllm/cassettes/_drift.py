@@ -10,7 +10,7 @@ Tables as data: keep them in step with `dialects/` when a parser starts reading 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Iterator
 
 import attrs
 
@@ -97,7 +97,7 @@ class DriftReport:
     missing: tuple[str, ...]
 
 
-def field_paths(v: Any, prefix: str = "") -> Iterator[str]:
+def field_paths(v: object, prefix: str = "") -> Iterator[str]:
     """Every field path in a JSON value: objects add `.key`, arrays add `[]`."""
     if isinstance(v, dict):
         for k, x in v.items():
@@ -123,7 +123,7 @@ def _covered(path: str, modeled: frozenset[str]) -> bool:
     return False
 
 
-def _shape(c: Cassette, endpoint: str | None, obj: Any) -> str:
+def _shape(c: Cassette, endpoint: str | None, obj: object) -> str:
     if c.status >= 400 or (isinstance(obj, dict) and ("error" in obj or obj.get("object") == "error")
                            and "choices" not in obj):
         return "error"
@@ -144,9 +144,9 @@ def _shape(c: Cassette, endpoint: str | None, obj: Any) -> str:
     return "openai-chunk" if c.streaming else "openai-body"
 
 
-def _objects(c: Cassette) -> list[Any]:
+def _objects(c: Cassette) -> list[object]:
     if c.streaming:
-        out = []
+        out: list[object] = []
         for p in sse_payloads(c.raw):
             if p.strip() != "[DONE]":
                 try:

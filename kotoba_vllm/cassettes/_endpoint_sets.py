@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from types import ModuleType
+from typing import Callable
 
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from .._errors import LocalServerError
 from ..local import LlamaServer, build_string, cache_dir, tiny_model_path
 from ._format import write_cassette
@@ -32,7 +33,7 @@ N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 64, 4, 2, 128, 2
 LORA_RANK = 4
 
 
-def _gguf() -> Any:
+def _gguf() -> ModuleType:
     try:
         import gguf  # optional (local extra), and it imports numpy
     except ImportError as e:
@@ -40,17 +41,11 @@ def _gguf() -> Any:
     return gguf
 
 
-def _tokenizer_of(model: Path) -> dict[str, Any]:
-    """The tiny test model's tokenizer, read back from its GGUF."""
-    gguf = _gguf()
-    reader = gguf.GGUFReader(str(model))
-
-    def field(name: str) -> Any:
-        f = reader.fields[name]
-        return f.contents()
-
-    return {"tokens": field("tokenizer.ggml.tokens"), "scores": field("tokenizer.ggml.scores"),
-            "types": field("tokenizer.ggml.token_type")}
+def _tokenizer_of(model: Path) -> dict[str, list[object]]:
+    """The tiny test model's tokenizer, read back from its GGUF (the tokens, scores and types)."""
+    fields = _gguf().GGUFReader(str(model)).fields
+    return {"tokens": fields["tokenizer.ggml.tokens"].contents(), "scores": fields["tokenizer.ggml.scores"].contents(),
+            "types": fields["tokenizer.ggml.token_type"].contents()}
 
 
 def _atomic(out: Path, write: Callable[[str], None]) -> Path:
@@ -76,10 +71,10 @@ def write_tiny_reranker(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     head_dim = N_EMBD // N_HEAD
     rng = np.random.default_rng(seed)
 
-    def mat(rows: int, cols: int) -> Any:
+    def mat(rows: int, cols: int) -> object:  # a float32 array, handed to the GGUF writer
         return (rng.standard_normal((rows, cols)) * (1.0 / np.sqrt(cols))).astype(np.float32)
 
-    def ones(n: int) -> Any:
+    def ones(n: int) -> object:
         return np.ones(n, dtype=np.float32)
 
     def write(tmp: str) -> None:
@@ -189,7 +184,7 @@ def control_server(slot_dir: str | os.PathLike[str]) -> LlamaServer:
                                    "--slot-save-path", os.path.join(str(slot_dir), "")))
 
 
-def _m(**kv: Any) -> dict[Keyword, Any]:
+def _m(**kv: Edn) -> dict[Keyword, Edn]:
     return vllm_map(**kv)
 
 
@@ -228,7 +223,7 @@ SOURCE = ("scripts/record-llamacpp-endpoints: local llama-servers; {what} "
           "(kotoba_vllm.cassettes._endpoint_sets), n_ctx 512, 1 slot, --metrics --slots")
 
 
-def record_local_endpoints(out_dir: Any, log: Callable[[str], None] = lambda s: None) -> list[Path]:
+def record_local_endpoints(out_dir: str | Path, log: Callable[[str], None] = lambda s: None) -> list[Path]:
     """Start both servers in turn, record both sets into `out_dir`, stop them."""
     out = Path(out_dir)
     cassettes = []

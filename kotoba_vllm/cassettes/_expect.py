@@ -8,9 +8,8 @@ DESIGN §4 (429 anywhere and SGLang's queue-full are admission; 503 loading is n
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from .._edn import Keyword, keyword_or_string, kw
+from .._edn import Edn, Keyword, keyword_or_string, kw
+from .._json import JsonObject
 from ._endpoint_expect import CONTROL, POOLING, embedding_dims, endpoint_expect
 from ._format import sse_payloads
 
@@ -27,14 +26,14 @@ ADMISSION_503 = {QUEUE_FULL: "queue-full", "engine is currently busy": "engine-b
                  "prefill token backlog": "prefill-backlog"}
 
 
-def _fr(v: Any) -> Keyword | str | None:
+def _fr(v: object) -> Keyword | str | None:
     """The server's spelling, a keyword when it can be one (as the SDK writes it)."""
     if isinstance(v, dict):
         v = v.get("type")
     return keyword_or_string(v) if isinstance(v, str) and v else None
 
 
-def _err_obj(obj: Any) -> dict[str, Any] | None:
+def _err_obj(obj: object) -> JsonObject | None:
     if not isinstance(obj, dict):
         return None
     err = obj.get("error")
@@ -49,10 +48,10 @@ def _err_obj(obj: Any) -> dict[str, Any] | None:
     return None
 
 
-def error_expect(status: int | None, obj: Any, retry_after: str | None) -> dict[Keyword, Any]:
+def error_expect(status: int | None, obj: object, retry_after: str | None) -> dict[Keyword, Edn]:
     err = _err_obj(obj) or {}
     msg = str(err.get("message") or "")
-    out: dict[Keyword, Any] = {}
+    out: dict[Keyword, Edn] = {}
     named = next((r for m, r in ADMISSION_503.items() if m in msg.lower()), None)
     if status == 429 or named is not None:
         out[kw("vllm/error")] = kw("admission-rejected")
@@ -76,7 +75,7 @@ def error_expect(status: int | None, obj: Any, retry_after: str | None) -> dict[
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _usage(u: Any) -> dict[Keyword, Any] | None:
+def _usage(u: object) -> dict[Keyword, Edn] | None:
     if not isinstance(u, dict):
         return None
     out = {kw("vllm/" + k.replace("_", "-")): u[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -84,7 +83,7 @@ def _usage(u: Any) -> dict[Keyword, Any] | None:
     return out or None
 
 
-def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> dict[Keyword, Any]:
+def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> dict[Keyword, Edn]:
     """Provenance of prefill/decode the SDK must claim: the server's split when it sent one; counts
     alone are server-reported counts; a stream without a server split is timed by the client."""
     if server_ms:
@@ -94,20 +93,20 @@ def _timings_expect(server_ms: bool, has_counts: bool, streamed_text: bool) -> d
         decode = "client-measured" if streamed_text else "server-reported"
     else:
         prefill, decode = "unavailable", "client-measured" if streamed_text else "unavailable"
-    out = {kw("vllm/prefill"): kw(prefill), kw("vllm/decode"): kw(decode)}
+    out: dict[Keyword, Edn] = {kw("vllm/prefill"): kw(prefill), kw("vllm/decode"): kw(decode)}
     if streamed_text:
         out[kw("vllm/ttft")] = kw("client-measured")
     return out
 
 
-def _sglang_timings(meta: Any) -> dict[Keyword, Any]:
+def _sglang_timings(meta: object) -> dict[Keyword, Edn]:
     """Figures SGLang's `meta_info` reports itself (`--enable-metrics` adds all but `e2e_latency`), and the
     ones worked out here from its numbers: the prefill span from two stamps (or its tokens as prompt less
     cached), the decode span from its `decode_throughput`."""
     if not isinstance(meta, dict):
         return {}
     has = {k for k, v in meta.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    out = {}
+    out: dict[Keyword, Edn] = {}
     for key, fig in (("decode_throughput", "vllm/decode"), ("first_token_latency", "vllm/ttft"),
                      ("queue_time", "vllm/queue"), ("e2e_latency", "vllm/end-to-end")):
         if key in has:
@@ -122,8 +121,8 @@ def _sglang_timings(meta: Any) -> dict[Keyword, Any]:
     return out
 
 
-def _payloads(raw: bytes) -> list[Any]:
-    out = []
+def _payloads(raw: bytes) -> list[object]:
+    out: list[object] = []
     for p in sse_payloads(raw):
         if p.strip() == "[DONE]":
             continue
@@ -134,7 +133,7 @@ def _payloads(raw: bytes) -> list[Any]:
     return out
 
 
-def logprob_tokens(lp: Any) -> int | None:
+def logprob_tokens(lp: object) -> int | None:
     """How many tokens an OpenAI-style logprobs object covers (chat `content`, completion `tokens`)."""
     if not isinstance(lp, dict):
         return None
@@ -144,12 +143,12 @@ def logprob_tokens(lp: Any) -> int | None:
     return None
 
 
-def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
+def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Edn]:
     """Join the text of a stream the plain way (cumulative for SGLang /generate)."""
     text, reasoning, fr, usage, server_ms, n = "", "", None, None, False, 0
     lp_tokens: int | None = None
     incremental = False
-    reported: dict[Keyword, Any] = {}
+    reported: dict[Keyword, Edn] = {}
     tools: dict[int, dict[str, str]] = {}
     for obj in _payloads(raw):
         if not isinstance(obj, dict):
@@ -210,7 +209,7 @@ def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
             fr = _fr(c.get("finish_reason")) or fr
             if logprob_tokens(c.get("logprobs")) is not None:
                 lp_tokens = (lp_tokens or 0) + (logprob_tokens(c.get("logprobs")) or 0)
-    out: dict[Keyword, Any] = {kw("expect/text"): text, kw("expect/finish-reason"): fr,
+    out: dict[Keyword, Edn] = {kw("expect/text"): text, kw("expect/finish-reason"): fr,
                                kw("expect/chunks"): n}
     if lp_tokens is not None:
         out[kw("expect/logprobs?")] = True
@@ -226,12 +225,12 @@ def stream_expect(endpoint: str, engine: str, raw: bytes) -> dict[Keyword, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def body_expect(endpoint: str, engine: str, obj: Any, raw: bytes = b"") -> dict[Keyword, Any]:
+def body_expect(endpoint: str, engine: str, obj: object, raw: bytes = b"") -> dict[Keyword, Edn]:
     if endpoint in POOLING or endpoint in CONTROL:
         return endpoint_expect(endpoint, obj, raw)
     if not isinstance(obj, dict):
         return {}
-    out: dict[Keyword, Any] = {}
+    out: dict[Keyword, Edn] = {}
     if endpoint == "tokenize":
         return {kw("expect/tokens"): [t["id"] if isinstance(t, dict) else t for t in obj.get("tokens", [])]}
     if endpoint == "detokenize":
@@ -244,7 +243,7 @@ def body_expect(endpoint: str, engine: str, obj: Any, raw: bytes = b"") -> dict[
         return {kw("expect/embeddings"): len(data),
                 kw("expect/dims"): embedding_dims(data[0]) if data else 0}
     server_ms = isinstance(obj.get("timings"), dict) and "prompt_ms" in obj["timings"]
-    reported: dict[Keyword, Any] = {}
+    reported: dict[Keyword, Edn] = {}
     if endpoint == "generate" and engine == "sglang":
         meta = obj.get("meta_info") or {}
         out[kw("expect/text")] = obj.get("text")
@@ -289,7 +288,7 @@ def body_expect(endpoint: str, engine: str, obj: Any, raw: bytes = b"") -> dict[
 
 
 def expect_for(op: str, endpoint: str | None, engine: str, status: int, headers: dict[str, str], raw: bytes,
-               streaming: bool, path: str = "") -> dict[Keyword, Any]:
+               streaming: bool, path: str = "") -> dict[Keyword, Edn]:
     """The expectation map for one exchange (`op` is the cassette's call op)."""
     try:
         obj = json.loads(raw)
@@ -298,7 +297,7 @@ def expect_for(op: str, endpoint: str | None, engine: str, status: int, headers:
     if op == "health":
         return {kw("expect/ok"): status == 200, kw("expect/status"): status}
     if op == "probe":
-        out = {kw("expect/parse"): kw("prometheus" if path.endswith("/metrics") else "json"),
+        out: dict[Keyword, Edn] = {kw("expect/parse"): kw("prometheus" if path.endswith("/metrics") else "json"),
                kw("expect/status"): status}
         if path.endswith("/metrics") and engine in RELIED_METRICS:
             out[kw("expect/metrics")] = list(RELIED_METRICS[engine])

@@ -6,10 +6,16 @@ A cassette is a file under `tests/cassettes/<engine>/NAME.edn`:
      :cassette/provenance {:cassette/how :recorded :cassette/engine-version ".." :cassette/build ".."
                            :cassette/date ".." :cassette/source ".."}
      :cassette/call {:call/op :send :call/request {...the SDK's EDN request...}}
-     :cassette/request {:http/method :post :http/path "/v1/chat/completions" :http/body "<JSON text>"}
+     :cassette/request {:http/method :post :http/path "/v1/chat/completions" :http/body "<JSON text>"
+                        :http/headers {"x-request-id" ".."}}  ; only the SDK's own request headers, when any
      :cassette/response {:http/status 200 :http/headers {"content-type" ".."}
                          :http/body "<text>"  |  :http/chunks ["data: ..." ...]  |  :http/chunks-b64 [..]}
-     :cassette/expect {...what replay asserts...}}
+     :cassette/expect {...what replay asserts...}
+     :cassette/engine-received [{"request_id" ".." "sampling_params" {..}} ...]}  ; fake-core recordings only
+
+`:cassette/engine-received` is what a faked engine core / scheduler was handed by the engine's own
+serving layer for this exchange (one map per engine request, as the fake wrote it): the proof that
+the serving code read the fields the SDK sent.
 
 Bodies are stored as text so they stay byte-faithful; a body or chunk list that is not valid
 UTF-8 (a TCP read can split a multi-byte character) is stored base64 under `-b64` keys.
@@ -22,11 +28,12 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable, Sequence
 
 import attrs
 
-from .._edn import Edn, Keyword, kw, pretty, read_file
+from .._edn import Edn, EdnMap, Keyword, kw, pretty, read_file
+from .._json import JsonValue
 from .._errors import CassetteError
 
 ENGINES = ("llamacpp", "vllm", "sglang", "router")
@@ -53,6 +60,8 @@ class Cassette:
     chunks: tuple[bytes, ...] | None = None
     expect: dict[Keyword, Edn] = attrs.field(factory=dict)
     source_file: str | None = None
+    request_headers: dict[str, str] = attrs.field(factory=dict)
+    engine_received: tuple[Edn, ...] | None = None
 
     @property
     def how(self) -> str:
@@ -83,6 +92,8 @@ class Cassette:
         req: dict[Keyword, Edn] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
         if self.request_body is not None:
             req.update(_bytes_entry("http/body", self.request_body))
+        if self.request_headers:
+            req[kw("http/headers")] = dict(self.request_headers)
         resp: dict[Keyword, Edn] = {kw("http/status"): self.status, kw("http/headers"): dict(self.headers)}
         if self.chunks is not None:
             texts = _utf8_all(self.chunks)
@@ -92,10 +103,14 @@ class Cassette:
                 resp[kw("http/chunks-b64")] = [base64.b64encode(c).decode("ascii") for c in self.chunks]
         elif self.body is not None:
             resp.update(_bytes_entry("http/body", self.body))
-        return {kw("cassette/name"): self.name, kw("cassette/engine"): kw(self.engine),
-                kw("cassette/backend"): kw(self.backend), kw("cassette/provenance"): self.provenance,
-                kw("cassette/call"): self.call, kw("cassette/request"): req, kw("cassette/response"): resp,
-                kw("cassette/expect"): self.expect}
+        out: dict[Keyword, Edn] = {
+            kw("cassette/name"): self.name, kw("cassette/engine"): kw(self.engine),
+            kw("cassette/backend"): kw(self.backend), kw("cassette/provenance"): self.provenance,
+            kw("cassette/call"): self.call, kw("cassette/request"): req, kw("cassette/response"): resp,
+            kw("cassette/expect"): self.expect}
+        if self.engine_received is not None:
+            out[kw("cassette/engine-received")] = list(self.engine_received)
+        return out
 
 
 def _bytes_entry(key: str, raw: bytes) -> dict[Keyword, Edn]:
@@ -112,44 +127,87 @@ def _utf8_all(chunks: Iterable[bytes]) -> list[str] | None:
         return None
 
 
-def _bytes_from(m: dict[Any, Any], key: str) -> bytes | None:
+def _bytes_from(m: EdnMap, key: str) -> bytes | None:
     if kw(key) in m:
         return str(m[kw(key)]).encode("utf-8")
-    if kw(key + "-b64") in m:
-        return base64.b64decode(m[kw(key + "-b64")])
+    b64 = m.get(kw(key + "-b64"))
+    if b64 is not None:
+        return base64.b64decode(_text(b64, key + "-b64", "a base64 string"))
     return None
 
 
-def _need(m: Any, key: str, where: str) -> Any:
+def _text(v: Edn, key: str, what: str, where: str = "<cassette>") -> str:
+    if not isinstance(v, str):
+        raise CassetteError(f"{where}: :{key} must be {what}")
+    return v
+
+
+def _need(m: Edn, key: str, where: str) -> Edn:
     if not isinstance(m, dict) or kw(key) not in m:
         raise CassetteError(f"{where}: missing :{key}")
-    return m[kw(key)]
+    v: Edn = m[kw(key)]
+    return v
 
 
-def cassette_from_edn(m: Any, where: str = "<cassette>") -> Cassette:
-    prov = _need(m, "cassette/provenance", where)
+def _map(v: Edn, key: str, where: str) -> dict[Keyword, Edn]:
+    if not isinstance(v, dict):
+        raise CassetteError(f"{where}: :{key} must be a map")
+    return v
+
+
+def _keyword(v: Edn, key: str, where: str) -> Keyword:
+    if not isinstance(v, Keyword):
+        raise CassetteError(f"{where}: :{key} must be a keyword")
+    return v
+
+
+def _chunks(v: Edn, key: str, where: str) -> Sequence[Edn]:
+    if not isinstance(v, (list, tuple)):
+        raise CassetteError(f"{where}: :{key} must be a vector")
+    return v
+
+
+def cassette_from_edn(m: Edn, where: str = "<cassette>") -> Cassette:
+    prov = _map(_need(m, "cassette/provenance", where), "cassette/provenance", where)
     how = _need(prov, "cassette/how", where)
     if not isinstance(how, Keyword) or how.name not in HOWS:
         raise CassetteError(f"{where}: :cassette/how must be :recorded or :derived")
-    req = _need(m, "cassette/request", where)
-    resp = _need(m, "cassette/response", where)
+    top = _map(m, "cassette", where)
+    req = _map(_need(m, "cassette/request", where), "cassette/request", where)
+    resp = _map(_need(m, "cassette/response", where), "cassette/response", where)
     chunks: tuple[bytes, ...] | None = None
     if kw("http/chunks") in resp:
-        chunks = tuple(str(c).encode("utf-8") for c in resp[kw("http/chunks")])
+        chunks = tuple(str(c).encode("utf-8") for c in _chunks(resp[kw("http/chunks")], "http/chunks", where))
     elif kw("http/chunks-b64") in resp:
-        chunks = tuple(base64.b64decode(c) for c in resp[kw("http/chunks-b64")])
-    engine = _need(m, "cassette/engine", where)
-    backend = m.get(kw("cassette/backend"), engine)
+        chunks = tuple(base64.b64decode(_text(c, "http/chunks-b64", "base64 strings", where))
+                       for c in _chunks(resp[kw("http/chunks-b64")], "http/chunks-b64", where))
+    engine = _keyword(_need(m, "cassette/engine", where), "cassette/engine", where)
+    backend = _keyword(top.get(kw("cassette/backend"), engine), "cassette/backend", where)
     method = _need(req, "http/method", where)
+    status = _need(resp, "http/status", where)
+    if not isinstance(status, (int, str)):
+        raise CassetteError(f"{where}: :http/status must be an integer")
     return Cassette(
         name=str(_need(m, "cassette/name", where)), engine=engine.name, backend=backend.name, provenance=prov,
-        call=m.get(kw("cassette/call")) or {kw("call/op"): kw("raw")},
+        call=_map(top.get(kw("cassette/call")) or {kw("call/op"): kw("raw")}, "cassette/call", where),
         method=(method.name if isinstance(method, Keyword) else str(method)).upper(),
         path=str(_need(req, "http/path", where)), request_body=_bytes_from(req, "http/body"),
-        status=int(_need(resp, "http/status", where)),
-        headers={str(k).lower(): str(v) for k, v in (resp.get(kw("http/headers")) or {}).items()},
+        status=int(status),
+        headers={str(k).lower(): str(v)
+                 for k, v in _map(resp.get(kw("http/headers")) or {}, "http/headers", where).items()},
         body=None if chunks is not None else _bytes_from(resp, "http/body"), chunks=chunks,
-        expect=m.get(kw("cassette/expect")) or {}, source_file=where)
+        expect=_map(top.get(kw("cassette/expect")) or {}, "cassette/expect", where), source_file=where,
+        request_headers={str(k).lower(): str(v)
+                         for k, v in _map(req.get(kw("http/headers")) or {}, "http/headers", where).items()},
+        engine_received=_received(top.get(kw("cassette/engine-received")), where))
+
+
+def _received(v: Edn, where: str) -> tuple[Edn, ...] | None:
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)):
+        raise CassetteError(f"{where}: :cassette/engine-received must be a vector of maps")
+    return tuple(v)
 
 
 def read_cassette(path: str | Path) -> Cassette:
@@ -183,19 +241,21 @@ def cassette_body(c: Cassette) -> bytes:
     return c.raw
 
 
-def cassette_json(c: Cassette) -> Any:
+def cassette_json(c: Cassette) -> JsonValue:
     """The response body as JSON (None when it is not JSON, e.g. /metrics text or a stream)."""
     try:
-        return json.loads(c.raw)
+        out: JsonValue = json.loads(c.raw)
+        return out
     except (ValueError, UnicodeDecodeError):
         return None
 
 
-def request_json(c: Cassette) -> Any:
+def request_json(c: Cassette) -> JsonValue:
     if c.request_body is None:
         return None
     try:
-        return json.loads(c.request_body)
+        out: JsonValue = json.loads(c.request_body)
+        return out
     except (ValueError, UnicodeDecodeError):
         return None
 

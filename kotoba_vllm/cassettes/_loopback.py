@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from typing import Any
 
 from ._format import Cassette
 
@@ -48,6 +47,8 @@ class _Replay(asyncio.Protocol):
             return
         body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
         self.server.sent.append(body)
+        self.server.sent_headers.append({name.strip(): value.strip() for name, _, value in
+                                         (line.partition(":") for line in head.split("\r\n")[1:])})
         self.server.answering(asyncio.get_running_loop().create_task(self._answer()))
 
     async def _answer(self) -> None:
@@ -73,15 +74,17 @@ class _Replay(asyncio.Protocol):
 
 
 class LoopbackReplay:
-    """`with LoopbackReplay(cassette) as srv:` — `srv.base_url`, and `srv.sent` (request bodies)."""
+    """`with LoopbackReplay(cassette) as srv:` — `srv.base_url`, `srv.sent` (request bodies) and
+    `srv.sent_headers`."""
 
     def __init__(self, cassette: Cassette) -> None:
         self.cassette = cassette
         self.sent: list[bytes] = []
+        self.sent_headers: list[dict[str, str]] = []  # each request's headers, names lower-cased
         self.base_url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="cassette-loopback")
-        self._server: Any = None
+        self._server: asyncio.Server | None = None
         self._answers: set[asyncio.Task[None]] = set()  # held so none is collected or left pending at exit
 
     def answering(self, task: "asyncio.Task[None]") -> None:
@@ -92,17 +95,20 @@ class LoopbackReplay:
         self._thread.start()
         fut = asyncio.run_coroutine_threadsafe(
             self._loop.create_server(lambda: _Replay(self), "127.0.0.1", 0), self._loop)
-        self._server = fut.result(10)
-        self.base_url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        self._server = server = fut.result(10)
+        self.base_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
+        server = self._server
+        assert server is not None, "__exit__ without __enter__"
+
         async def stop() -> None:
-            self._server.close()
+            server.close()
             for task in list(self._answers):  # a client that left mid-stream leaves its answer sleeping
                 task.cancel()
             await asyncio.gather(*self._answers, return_exceptions=True)
-            await self._server.wait_closed()
+            await server.wait_closed()
         try:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         finally:

@@ -10,15 +10,16 @@ deltas of a stream, and the request bodies the SDK sent (replay checks them agai
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Iterator
+from typing import AsyncIterator, Iterator
 
 import attrs
 import httpx
 import respx
 
 from .._client import AsyncClient, Client
-from .._edn import kw
+from .._edn import Edn, Keyword, kw
 from .._errors import KotobaError
+from .._json import JsonValue
 from .._model import StreamDelta
 from ._format import Cassette
 from ..dialects import classify_error
@@ -51,21 +52,26 @@ def http_response(c: Cassette) -> httpx.Response:
 
 @attrs.define
 class Outcome:
-    result: Any = None
+    result: object = None  # what the call returned: a Response, a model list, a health answer...
     error: KotobaError | None = None
     deltas: list[StreamDelta] = attrs.field(factory=list)
     sent: list[bytes] = attrs.field(factory=list)
+    sent_headers: list[dict[str, str]] = attrs.field(factory=list)  # names lower-cased
     streamed: bool = False
     raw: bytes | None = None  # probe / raw ops: the body the client's transport read
 
 
-def _mock(c: Cassette) -> tuple[respx.MockRouter, Any]:
+def _mock(c: Cassette) -> tuple[respx.MockRouter, respx.Route]:
     router = respx.mock(assert_all_called=False, assert_all_mocked=True)
     route = router.route(method=c.method, url=BASE_URL + c.path).mock(side_effect=lambda req: http_response(c))
     return router, route
 
 
-def _request_map(c: Cassette) -> dict[Any, Any]:
+def _heads(request: httpx.Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
+def _request_map(c: Cassette) -> dict[Keyword, Edn]:
     req = c.call.get(K_REQUEST)
     assert isinstance(req, dict), f"{c.id}: :call/request missing"
     return req
@@ -80,11 +86,12 @@ def replay_sync(c: Cassette, wire: str = "default") -> Outcome:
         with router, httpx.Client() as http, Client(BASE_URL, backend=c.backend, http_client=http) as client:
             out = _drive_sync(c, client, BASE_URL)
             out.sent = [call.request.content for call in route.calls]  # respx forgets calls on exit
+            out.sent_headers = [_heads(call.request) for call in route.calls]
         return out
     with LoopbackReplay(c) as srv:
         with Client(srv.base_url, backend=c.backend) as client:
             out = _drive_sync(c, client, srv.base_url)
-        out.sent = list(srv.sent)
+        out.sent, out.sent_headers = list(srv.sent), list(srv.sent_headers)
     return out
 
 
@@ -126,11 +133,12 @@ async def replay_async(c: Cassette, wire: str = "default") -> Outcome:
                 out = await _drive_async(c, client, BASE_URL)
             await http.aclose()
             out.sent = [call.request.content for call in route.calls]
+            out.sent_headers = [_heads(call.request) for call in route.calls]
         return out
     with LoopbackReplay(c) as srv:
         async with AsyncClient(srv.base_url, backend=c.backend) as client:
             out = await _drive_async(c, client, srv.base_url)
-        out.sent = list(srv.sent)
+        out.sent, out.sent_headers = list(srv.sent), list(srv.sent_headers)
     return out
 
 
@@ -162,8 +170,8 @@ async def _drive_async(c: Cassette, client: AsyncClient, base: str) -> Outcome:
     return out
 
 
-def sent_json(out: Outcome) -> list[Any]:
-    res = []
+def sent_json(out: Outcome) -> list[JsonValue | bytes]:
+    res: list[JsonValue | bytes] = []
     for b in out.sent:
         try:
             res.append(json.loads(b) if b else None)

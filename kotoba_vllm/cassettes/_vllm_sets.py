@@ -16,9 +16,8 @@ its request: tool-call markup, `<think>` spans and stop strings come from vLLM's
 
 from __future__ import annotations
 
-from typing import Any
 
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from ._recorder import OVERFLOW_PROMPT, Exchange
 from ._recorder import edn_request as _edn
 from ._recorder import user_chat as _chat
@@ -27,23 +26,23 @@ from ._recorder import vllm_map as _m
 SETS = ("default", "parsers", "busy", "backlog", "engine-death")
 GREETING = "Hello there, world."
 COUNTING = "one, two, three, four, five"
-TOOLS = [{kw("type"): "function",
-          kw("function"): {kw("name"): "get_weather", kw("description"): "Current weather for a city",
-                           kw("parameters"): {kw("type"): "object",
-                                              kw("properties"): {kw("city"): {kw("type"): "string"}},
-                                              kw("required"): ["city"]}}}]
+TOOLS: list[dict[Keyword, Edn]] = [
+    {kw("type"): "function",
+     kw("function"): {kw("name"): "get_weather", kw("description"): "Current weather for a city",
+                      kw("parameters"): {kw("type"): "object", kw("properties"): {kw("city"): {kw("type"): "string"}},
+                                         kw("required"): ["city"]}}}]
 TOOL_CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call>'
 
 
-def _greedy(max_tokens: int = 16, **more: Any) -> dict[Keyword, Any]:
+def _greedy(max_tokens: int = 16, **more: Edn) -> dict[Keyword, Edn]:
     return _m(temperature=0.0, max_tokens=max_tokens, **more)
 
 
-def _sampled(max_tokens: int = 16, **more: Any) -> dict[Keyword, Any]:
+def _sampled(max_tokens: int = 16, **more: Edn) -> dict[Keyword, Edn]:
     return _m(temperature=0.7, seed=42, max_tokens=max_tokens, **more)
 
 
-def _pair(name: str, req: dict[Keyword, Any]) -> list[Exchange]:
+def _pair(name: str, req: dict[Keyword, Edn]) -> list[Exchange]:
     """The exchange plain and streamed."""
     return [Exchange(name, "send", req), Exchange(name + "-stream", "send", {**req, kw("vllm/stream"): True})]
 
@@ -85,7 +84,7 @@ def default_set(model: str, stops: tuple[str, str] = STOPS) -> list[Exchange]:
 
 
 def parsers_set(model: str) -> list[Exchange]:
-    def chat(text: str, **kv: Any) -> dict[Keyword, Any]:
+    def chat(text: str, **kv: Edn) -> dict[Keyword, Edn]:
         return _edn("chat", messages=_chat(text), model=model, sampling=_greedy(64), **kv)
     return [
         *_pair("chat-tool-calls", chat(TOOL_CALL_TEXT, tools=TOOLS)),

@@ -8,7 +8,7 @@ parallel sizes over HTTP, so a vLLM plan is mostly unverifiable; that is said, n
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 from urllib.parse import urlsplit
 
 import attrs
@@ -75,11 +75,10 @@ class PlanCheck:
         return out
 
 
-def _edn(v: Any) -> Edn:
+def _edn(v: Edn) -> Edn:
     if isinstance(v, tuple):
         return list(v)
-    out: Edn = v
-    return out
+    return v
 
 
 # ---------------------------------------------------------------- which command a server is
@@ -126,7 +125,7 @@ def _argv_int(c: Command, *flags: str) -> int | None:
 # ---------------------------------------------------------------- what the plan fixes
 
 
-def _norm_spec(v: Any) -> Any:
+def _norm_spec(v: Edn) -> Edn:
     """Speculative settings as a comparable set: llama.cpp's "ngram-cache,ngram-simple" in any order
     and spelling of `_`/`-`; "none" and nil both mean none."""
     if v is None:
@@ -188,7 +187,7 @@ def planned_properties(plan: Plan, c: Command) -> dict[str, Edn]:
     return out
 
 
-def _compare(prop: str, planned: Any, cfg: ServerConfig) -> PropertyCheck:
+def _compare(prop: str, planned: Edn, cfg: ServerConfig) -> PropertyCheck:
     field = FIELD_OF.get(prop, {}).get(cfg.engine or "")
     if field is None:
         return PropertyCheck(prop, UNVERIFIABLE, planned, reason=f"{cfg.engine} does not report {prop}")
@@ -203,7 +202,7 @@ def _compare(prop: str, planned: Any, cfg: ServerConfig) -> PropertyCheck:
                          where)
 
 
-def _same(prop: str, planned: Any, reported: Any, engine: str | None) -> bool:
+def _same(prop: str, planned: Edn, reported: Edn, engine: str | None) -> bool:
     if prop != "speculative":
         return bool(planned == reported)
     return bool(_norm_spec(planned) == _norm_spec(reported))

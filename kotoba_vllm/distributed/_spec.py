@@ -16,7 +16,7 @@ without errors is structured (by one cattrs converter) into `DistSpec`.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Callable, NamedTuple, NewType, Optional, Sequence, TypeGuard
+from typing import Any, Callable, Mapping, NamedTuple, NewType, Optional, Sequence, TypeGuard, cast
 
 import attrs
 import cattrs
@@ -39,8 +39,9 @@ LINK_METHODS = ("receiver-verified", "unverified-transfer", "instrument-limited"
 Path = tuple[str | int, ...]  # ("dist/nodes", 1, "node/memory-bytes"): where in the spec a problem is
 
 
-def _f(key: str, kind: str, required: bool = False, default: Any = None) -> Any:
-    """An attrs field carrying its EDN key and value kind (the key table is the class)."""
+def _f(key: str, kind: str, required: bool = False, default: object = None) -> Any:
+    """An attrs field carrying its EDN key and value kind (the key table is the class). Any: like
+    `attrs.field`, it stands in for the attribute's own type at the class body."""
     meta = {"edn": key, "kind": kind, "required": required}
     if required:
         return attrs.field(metadata=meta)
@@ -123,18 +124,20 @@ KOTODAMA_ALIASES: dict[str, str] = {
 }
 
 
-class _Key(NamedTuple):
+class SpecKey(NamedTuple):
+    """One row of a key table: the attribute, its value kind (a KIND_TEXT key), whether required."""
+
     attr: str
     kind: str
     required: bool
 
 
-def _table(cls: type) -> dict[str, _Key]:
-    return {a.metadata["edn"]: _Key(a.name, a.metadata["kind"], a.metadata["required"])
+def _table(cls: type) -> dict[str, SpecKey]:
+    return {a.metadata["edn"]: SpecKey(a.name, a.metadata["kind"], a.metadata["required"])
             for a in attrs.fields(cls)}
 
 
-TABLES: dict[type, dict[str, _Key]] = {c: _table(c) for c in (ModelSpec, NodeSpec, LinkObservation, SpeculativeSpec,
+TABLES: dict[type, dict[str, SpecKey]] = {c: _table(c) for c in (ModelSpec, NodeSpec, LinkObservation, SpeculativeSpec,
                                                                DistSpec)}
 
 
@@ -151,7 +154,7 @@ class Locator:
         if self.form is None:
             return None
         best = self.form.where
-        node: Any = self.root
+        node: Edn = self.root
         for step in path:
             if isinstance(node, dict) and isinstance(step, str):
                 key = self._key(node, step)
@@ -166,7 +169,7 @@ class Locator:
         return best
 
     @staticmethod
-    def _key(m: dict[Any, Any], name: str) -> Any:
+    def _key(m: Mapping[object, Edn], name: str) -> Keyword | None:
         k = kw(name)
         if k in m:
             return k
@@ -273,7 +276,7 @@ class _V:
                 self.map(item, cls, path + (i,), f":{field} item {i}")
 
 
-def _cross_checks(raw: dict[Any, Any], v: _V) -> None:
+def _cross_checks(raw: Mapping[object, Edn], v: _V) -> None:
     """Checks that need more than one key: unique names, links naming real nodes, speed xor failure."""
     nodes = raw.get(kw("dist/nodes"))
     names: list[str] = []
@@ -362,7 +365,7 @@ def _make_converter() -> cattrs.Converter:
 CONVERTER = _make_converter()
 
 
-def _keys_to_names(v: Any) -> Any:
+def _keys_to_names(v: Edn) -> Edn:
     """EDN keys -> "ns/name" strings (kotodama aliases folded in), values untouched."""
     if isinstance(v, dict):
         return {KOTODAMA_ALIASES.get(k.name, k.name) if isinstance(k, Keyword) else k: _keys_to_names(x)
@@ -372,7 +375,7 @@ def _keys_to_names(v: Any) -> Any:
     return v
 
 
-def _names_to_keys(v: Any) -> Any:
+def _names_to_keys(v: Edn) -> Edn:
     if isinstance(v, dict):
         return {kw(k): _names_to_keys(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -390,10 +393,8 @@ def spec_from_edn(raw: Edn, form: Form | None = None) -> tuple[DistSpec | None, 
 
 
 def spec_to_edn(spec: DistSpec) -> dict[Keyword, Edn]:
-    out: dict[Keyword, Edn] = _names_to_keys(CONVERTER.unstructure(spec))
-    return out
+    return cast("dict[Keyword, Edn]", _names_to_keys(CONVERTER.unstructure(spec)))  # a map unstructures to a map
 
 
 def link_to_edn(obs: LinkObservation) -> dict[Keyword, Edn]:
-    out: dict[Keyword, Edn] = _names_to_keys(CONVERTER.unstructure(obs))
-    return out
+    return cast("dict[Keyword, Edn]", _names_to_keys(CONVERTER.unstructure(obs)))  # a map unstructures to a map
