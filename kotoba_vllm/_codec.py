@@ -427,7 +427,7 @@ class _Spec:
                  "required", "always",
                  "writers", "default_texts", "_field_writers")
 
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
         # key -> (attribute, codec, the key's name): `Keyword.name` is a Python property, read once here
         self.by_key: dict[Keyword, tuple[str, Codec, str]] = {}
@@ -583,7 +583,7 @@ def _structure_map(cls: type[T], m: dict[Any, Any], ctx: Ctx, skip: AbstractSet[
     return cls(**kwargs)
 
 
-def _unstructure(obj: Any) -> dict[Keyword, Edn]:
+def _unstructure(obj: object) -> dict[Keyword, Edn]:
     spec = class_spec(type(obj))
     out: dict[Keyword, Edn] = {}
     for name, k, codec in spec.fields:
@@ -602,7 +602,7 @@ def _nil_text(s: str | None) -> str:
     return "nil" if s is None else s
 
 
-def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str]:
+def write_fields(obj: object, skip: AbstractSet[Keyword] = frozenset()) -> list[str]:
     """`dumps(to_edn(obj))`'s "key value" entries, in order, without building the maps; keys in
     `skip` are left out. Byte-identical to the generic path (tests/test_edn_writer.py)."""
     spec = _SPECS[type(obj)] if type(obj) in _REGISTERED else None
@@ -629,11 +629,11 @@ def write_fields(obj: Any, skip: AbstractSet[Keyword] = frozenset()) -> list[str
 
 # value -> (its extra's name, the entry's "key value" text): an extra a caller puts in many records (a pool's
 # member, why and verdict) as the very same object, written once.
-_KEPT_ENTRIES: IdentityMemo[Any, tuple[str, str]] = IdentityMemo(1024)
+_KEPT_ENTRIES: IdentityMemo[object, tuple[str, str]] = IdentityMemo(1024)
 _IMMUTABLE = (str, bool, int, InternedKeyword, Keyword, type(None))
 
 
-def keep_extra_text(name: str, value: Any) -> None:
+def keep_extra_text(name: str, value: object) -> None:
     """Keep the record text of the extra `name` holding `value`, for `write_fields` to reuse whenever that
     very object is that extra again. Immutable values only (a kept text must stay true)."""
     had = _KEPT_ENTRIES.get(value)
@@ -667,7 +667,7 @@ def _entries_of(m: dict[Keyword, Edn], skip: AbstractSet[Keyword]) -> list[str]:
     return [dumps(k) + " " + dumps(x) for k, x in m.items() if k not in skip]
 
 
-def write_edn(obj: Any) -> str:
+def write_edn(obj: object) -> str:
     """Compact EDN text of a typed value: exactly `dumps(to_edn(obj))`, faster for registered classes."""
     if type(obj) not in _REGISTERED:
         return dumps(edn_converter.unstructure(obj))
@@ -683,7 +683,7 @@ def register(cls: type[T]) -> type[T]:
     _REGISTERED.add(cls)
     edn_converter.register_unstructure_hook(cls, _unstructure)
 
-    def structure(m: Any, _: type) -> Any:
+    def structure(m: object, _: type) -> object:
         ctx = Ctx()
         if not isinstance(m, dict):
             raise StructureError([Problem("error", "request/type", f"expected a map, got {describe(m)}")])
@@ -696,7 +696,7 @@ def register(cls: type[T]) -> type[T]:
     return cls
 
 
-def structure_located(m: Any, cls: type[T], form: Form | None = None,
+def structure_located(m: object, cls: type[T], form: Form | None = None,
                       skip: AbstractSet[Keyword] = frozenset()) -> tuple[T | None, list[Problem]]:
     """Structure with problems collected (and located when `form` is given)."""
     ctx = Ctx(form)
