@@ -1,8 +1,8 @@
-"""Write the DERIVED SGLang cassettes of the pooling-model and LoRA endpoints (rerank, LoRA).
+"""Write the DERIVED SGLang cassettes of the LoRA endpoints.
 
-`/flush_cache` is recorded from SGLang 0.5.23's serving layer (scripts/record-sglang --only control). The
-rest stay derived: a cross-encoder rerank needs SGLang's embedding path and LoRA its adapter manager, which
-the fake scheduler does not have, so these answers are written by hand from SGLang's own code, read
+`/flush_cache` and `/v1/rerank` are recorded from SGLang 0.5.23's serving layer (scripts/record-sglang
+--only control / --only rerank) and never replaced here. LoRA stays derived: it needs SGLang's adapter
+manager, which the fake scheduler does not have, so these answers are written by hand from SGLang's own code, read
 with the code index, not copied: `serving_rerank.py` (a bare list of {score, document, index, meta_info},
 sorted best first), `protocol.py` (V1RerankReqInput, RerankResponse), `http_server.py` (`/flush_cache`
 answers text, 200 or 400; `/load_lora_adapter` and `/unload_lora_adapter` answer
@@ -29,10 +29,9 @@ from kotoba_vllm.cassettes._recorder import Exchange, edn_request  # noqa: E402
 
 DATE = "2026-12-01"
 NOTE = ("derived: recording tried — with the SGLang 0.5.23 environment built (scripts/record-sglang), "
-        "/flush_cache is recorded from SGLang's serving layer (--only control); a cross-encoder rerank needs "
-        "SGLang's embedding path (--is-embedding, a classification model config, BatchEmbeddingOutput from the "
-        "scheduler) and LoRA its adapter manager (--enable-lora, LoRAManager loading real adapter weights), which "
-        "the fake scheduler does not answer.")
+        "/flush_cache and a cross-encoder /v1/rerank are recorded from SGLang's serving layer (--only control, "
+        "--only rerank); LoRA needs SGLang's adapter manager (--enable-lora, LoRAManager loading real adapter "
+        "weights in the scheduler), which the fake scheduler does not have.")
 PROV = {
     kw("cassette/how"): kw("derived"),
     kw("cassette/engine-version"): "sglang main (serving_rerank.py @15bb7d4e, protocol.py, http_server.py)",
