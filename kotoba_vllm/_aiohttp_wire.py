@@ -16,14 +16,16 @@ Until that evidence exists an attempt counts as on a new connection: never resen
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import json as _json
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 import aiohttp
 import httpx
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.tracing import Trace
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
@@ -43,7 +45,7 @@ _ENCODE_PARTS = None if _C_ENCODE is None else _C_ENCODE(
     None, _JSON_ENCODER.default, _json.encoder.encode_basestring, None, ":", ",", False, False, False)
 
 
-def encode_body(obj: Any) -> bytes:
+def encode_body(obj: object) -> bytes:
     """`json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)` as UTF-8."""
     if _ENCODE_PARTS is None:  # pragma: no cover - a Python without json's C accelerator
         return _JSON_ENCODER.encode(obj).encode()
@@ -61,7 +63,7 @@ class CountingHandler(ResponseHandler):
     not moved since, else waits until the new deadline. The timeout fires at the same instant as
     aiohttp's (the last re-arm plus the limit); a body's end disarms it without cancelling."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
         self.bytes_in = 0
         self.uses = 0
@@ -120,12 +122,14 @@ class Connector(aiohttp.TCPConnector):
     """A TCPConnector whose connections count bytes, and which tells the current attempt whether
     the connection it hands out is reused."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, limit: int = 100, limit_per_host: int = 0, keepalive_timeout: float = 15.0,
+                 ssl: bool = True) -> None:  # aiohttp's own defaults
+        super().__init__(limit=limit, limit_per_host=limit_per_host, keepalive_timeout=keepalive_timeout, ssl=ssl)
         # aiohttp builds every connection's protocol with this factory (TCP and TLS alike).
         self._factory = functools.partial(CountingHandler, loop=self._loop)  # type: ignore[assignment]
 
-    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+    async def connect(self, req: aiohttp.ClientRequest, traces: list[Trace],
+                      timeout: aiohttp.ClientTimeout) -> aiohttp.connector.Connection:
         conn = await super().connect(req, traces, timeout)
         watch = _WATCH.get()
         proto = conn.protocol
@@ -275,7 +279,7 @@ class AiohttpWire:
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self._url: Callable[[str], URL] = functools.lru_cache(maxsize=256)(URL)
-        self._timeouts: dict[tuple[Any, ...], aiohttp.ClientTimeout] = {}
+        self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
 
     @property
     def verify(self) -> bool:
@@ -304,7 +308,7 @@ class AiohttpWire:
                                                               sock_connect=t.connect, sock_read=t.read)
         return out
 
-    async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+    async def send(self, method: str, url: str, *, json: object = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
                    attempt: AttemptEvidence | None = None, withhold_key: bool = False,
                    max_bytes: int | None = None) -> AiohttpAnswer:

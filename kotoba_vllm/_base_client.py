@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Iterator, Mapping, Protocol, TypeVar, Union
+from typing import Iterable, Iterator, Mapping, Protocol, TypeVar, Union, cast
 
 import attrs
 import httpx
@@ -37,7 +37,7 @@ from .dialects._http import decode_json, decode_json_refusing_wide_ints, may_hol
 
 RequestInput = Union[Request, EdnMap]
 """What `send` takes: a typed request, or an EDN request map (its endpoint is data)."""
-MessagesInput = Union[str, Iterable[Union[Message, EdnMap, Mapping[str, Any]]]]
+MessagesInput = Union[str, Iterable[Union[Message, EdnMap, Mapping[str, object]]]]
 """What `chat` takes: one user turn as a string, or messages (typed, EDN maps, or OpenAI-style
 dicts, whose values are JSON and checked when they become a `Message`)."""
 TimeoutArg = Union[float, httpx.Timeout, None]
@@ -67,7 +67,7 @@ DETECTION_PROBES: tuple[tuple[str, str], ...] = (
 )
 
 
-def decide_backend(path: str, status: int, body: Any) -> str | None:
+def decide_backend(path: str, status: int, body: object) -> str | None:
     """Pure: does this probe answer identify an engine?"""
     if status != 200 or not isinstance(body, dict):
         return None
@@ -84,25 +84,28 @@ def decide_backend(path: str, status: int, body: Any) -> str | None:
 # Keyword argument name -> the EDN key it stands for: keyword arguments go through the EDN reader.
 _SAMPLING_KEYS = {a.name: kw(a.metadata["edn"]) for a in attrs.fields(Sampling)}
 
-
-def _as_edn_value(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v  # a Python tuple is an EDN vector here, as a list is
+_SamplingKey = tuple[tuple[str, type, object], ...]  # (name, type, value) per keyword argument
 
 
-def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
+def _as_edn_value(v: object) -> Edn:
+    # a keyword argument's value, read and checked as EDN after this
+    return list(v) if isinstance(v, tuple) else cast(Edn, v)  # a Python tuple is an EDN vector here, as a list is
+
+
+def sampling_from_kwargs(kwargs: Mapping[str, object]) -> Sampling | None:
     """`temperature=0.2, max_tokens=64` -> Sampling, checked exactly as the EDN `:vllm/sampling` map is:
     types here by the same reader, ranges and engine support by `validate` before sending. A wrong
     value is a ValidationError and nothing is sent."""
     if not kwargs:
         return None
-    key: Any = []
+    key: _SamplingKey | None = None
+    items: list[tuple[str, type, object]] = []
     for k, v in kwargs.items():  # a loop, not generators: this runs once per request
         if type(v) not in _SCALARS:
-            key = None
             break
-        key.append((k, type(v), v))  # keyed by type too: True == 1 == 1.0 in Python
-    if key is not None:
-        key = tuple(key)
+        items.append((k, type(v), v))  # keyed by type too: True == 1 == 1.0 in Python
+    else:
+        key = tuple(items)
         cached = _SAMPLING_SEEN.get(key)
         if cached is not None:
             return cached
@@ -113,11 +116,11 @@ def sampling_from_kwargs(kwargs: Mapping[str, Any]) -> Sampling | None:
 
 
 # Batch callers repeat the same few keyword sets; Sampling is frozen, so one checked instance serves them all.
-_SAMPLING_SEEN: BoundedMemo[Any, Sampling] = BoundedMemo(256)
+_SAMPLING_SEEN: BoundedMemo[_SamplingKey, Sampling] = BoundedMemo(256)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def _structure_sampling(kwargs: Mapping[str, Any]) -> Sampling:
+def _structure_sampling(kwargs: Mapping[str, object]) -> Sampling:
     unknown = [k for k in kwargs if k not in _SAMPLING_KEYS]
     if unknown:
         raise ValidationError([Problem("error", "sampling/unknown", f"unknown sampling argument {k!r}", field=k)
@@ -200,7 +203,7 @@ class Attempt(AttemptEvidence):
 
     __slots__ = ()
 
-    def __call__(self, name: str, info: Mapping[str, Any]) -> None:
+    def __call__(self, name: str, info: Mapping[str, object]) -> None:
         trace_event(self, name)
 
 
@@ -222,7 +225,7 @@ class AsyncAttempt(Attempt):
     __slots__ = ()
 
     # override: httpcore awaits the trace hook on async transports, so the same hook is a coroutine here.
-    async def __call__(self, name: str, info: Mapping[str, Any]) -> None:  # type: ignore[override]
+    async def __call__(self, name: str, info: Mapping[str, object]) -> None:  # type: ignore[override]
         trace_event(self, name)
 
 
@@ -497,16 +500,16 @@ class KwargsSplit:
 
     __slots__ = ("sampling", "fields", "attrs")
 
-    def __init__(self, kwargs: Mapping[str, Any]) -> None:
-        self.sampling: Mapping[str, Any] = kwargs
+    def __init__(self, kwargs: Mapping[str, object]) -> None:
+        self.sampling: Mapping[str, object] = kwargs
         self.fields: dict[str, Edn] = {}
-        self.attrs: dict[str, Any] = {}
+        self.attrs: dict[str, Edn] = {}
         if _NOT_SAMPLING.isdisjoint(kwargs):  # the common call: sampling knobs only, nothing copied
             return
         self.sampling = {}
         for k, v in kwargs.items():
             if k in _REQUEST_KWARGS:
-                self.attrs[k] = v
+                self.attrs[k] = cast(Edn, v)  # read and checked with the request it goes into
             elif k in KWARG_KEYS:
                 self.fields[KWARG_KEYS[k]] = _as_edn_value(v)
             else:
@@ -522,12 +525,12 @@ class KwargsSplit:
         return out
 
 
-def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, Any],
+def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, object],
                  extras: Mapping[str, Edn] | None) -> ChatRequest:
     split = KwargsSplit(sampling)
     return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(split.sampling),
                        stream=stream or None, tools=tools, extras=split.extras(extras),
-                       tool_choice=split.attrs.get("tool_choice"), request_id=split.attrs.get("request_id"))
+                       tool_choice=split.attrs.get("tool_choice"), request_id=cast("str | int | None", split.attrs.get("request_id")))
 
 
 class ManagedServer(Protocol):
@@ -637,7 +640,7 @@ class BaseClient:
             return self._backend
         return self._detected.get(base)
 
-    def _identify(self, base: str, path: str, status: int, body: Any) -> str | None:
+    def _identify(self, base: str, path: str, status: int, body: object) -> str | None:
         """`decide_backend` for one probe answer; the engine's version, when the answer names it, is kept for
         the fields that version has (`_fields.version_problems`)."""
         hit = decide_backend(path, status, body)
@@ -714,11 +717,11 @@ class BaseClient:
         return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
 
     def _chat_request(self, messages: MessagesInput, model: str | None, tools: Edn, stream: bool,
-                      sampling: Mapping[str, Any], extras: Mapping[str, Edn] | None) -> ChatRequest:
+                      sampling: Mapping[str, object], extras: Mapping[str, Edn] | None) -> ChatRequest:
         # The client's default model goes in here: `_with_defaults` would rebuild the request (attrs.evolve).
         return chat_request(messages, model if model is not None else self.model, tools, stream, sampling, extras)
 
-    def _completion_request(self, prompt: str, model: str | None, stream: bool, sampling: Mapping[str, Any],
+    def _completion_request(self, prompt: str, model: str | None, stream: bool, sampling: Mapping[str, object],
                             extras: Mapping[str, Edn] | None, native: bool) -> CompletionRequest | GenerateRequest:
         cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
@@ -727,4 +730,4 @@ class BaseClient:
             raise ValidationError([Problem("error", "request/type", "tool_choice is a chat argument",
                                            field="vllm/tool-choice")])
         return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(split.sampling), stream=stream or None,
-                   extras=split.extras(extras), request_id=split.attrs.get("request_id"))
+                   extras=split.extras(extras), request_id=cast("str | int | None", split.attrs.get("request_id")))

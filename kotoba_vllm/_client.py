@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Awaitable, Iterable, Iterator, Mapping, TypeVar, overload
+from typing import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, TypeVar, overload
 
 import attrs
 import httpx
@@ -380,26 +380,26 @@ class Client(BaseClient, EndpointCalls):
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
              extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-             **sampling: Any) -> Response:
+             **sampling: object) -> Response:
         return self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout,
                          deadline=deadline)
 
     def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
                     extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                    deadline: DeadlineArg = None, **sampling: Any) -> Stream:
+                    deadline: DeadlineArg = None, **sampling: object) -> Stream:
         return self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout,
                            deadline=deadline)
 
     def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
                    extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   **sampling: Any) -> Response:
+                   **sampling: object) -> Response:
         """`/v1/completions`, or the engine's native route (`native=True`: llama.cpp `/completion`, SGLang `/generate`)."""
         return self.send(self._completion_request(prompt, model, False, sampling, extras, native), timeout=timeout,
                          deadline=deadline)
 
     def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
                           extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                          deadline: DeadlineArg = None, **sampling: Any) -> Stream:
+                          deadline: DeadlineArg = None, **sampling: object) -> Stream:
         return self.stream(self._completion_request(prompt, model, True, sampling, extras, native), timeout=timeout,
                            deadline=deadline)
 
@@ -623,25 +623,25 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
                    extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                   deadline: DeadlineArg = None, **sampling: Any) -> Response:
+                   deadline: DeadlineArg = None, **sampling: object) -> Response:
         return await self.send(self._chat_request(messages, model, tools, False, sampling, extras), timeout=timeout,
                                deadline=deadline)
 
     async def stream_chat(self, messages: MessagesInput, *, model: str | None = None, tools: Edn = None,
                           extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                          deadline: DeadlineArg = None, **sampling: Any) -> AsyncStream:
+                          deadline: DeadlineArg = None, **sampling: object) -> AsyncStream:
         return await self.stream(self._chat_request(messages, model, tools, True, sampling, extras), timeout=timeout,
                                  deadline=deadline)
 
     async def completion(self, prompt: str, *, model: str | None = None, native: bool = False,
                          extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                         deadline: DeadlineArg = None, **sampling: Any) -> Response:
+                         deadline: DeadlineArg = None, **sampling: object) -> Response:
         return await self.send(self._completion_request(prompt, model, False, sampling, extras, native),
                                timeout=timeout, deadline=deadline)
 
     async def stream_completion(self, prompt: str, *, model: str | None = None, native: bool = False,
                                 extras: Mapping[str, Edn] | None = None, timeout: TimeoutArg = None,
-                                deadline: DeadlineArg = None, **sampling: Any) -> AsyncStream:
+                                deadline: DeadlineArg = None, **sampling: object) -> AsyncStream:
         return await self.stream(self._completion_request(prompt, model, True, sampling, extras, native),
                                  timeout=timeout, deadline=deadline)
 

@@ -22,12 +22,15 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple, TypeGuard, TypeVar
 
 from ._codec import describe, edn_to_json, json_problem
 from ._edn import Edn, Keyword, kw, read_file
 from ._errors import ValidationError
 from ._problems import Problem
+
+if TYPE_CHECKING:
+    from ._model import ChatRequest
 
 CHAT, COMPLETION, GENERATE, EMBEDDING = "chat", "completion", "generate", "embedding"
 C = frozenset({CHAT})
@@ -36,47 +39,48 @@ CP = frozenset({CHAT, COMPLETION})
 CPG = frozenset({CHAT, COMPLETION, GENERATE})
 G = frozenset({GENERATE})
 ENGINES = ("vllm", "sglang", "llamacpp", "openai")
+_T = TypeVar("_T")
 
 
 class Kind(NamedTuple):
     """A field's type: what it must hold (`problem` says why not, None when it fits) and its JSON."""
 
     name: str
-    problem: Callable[[Any], "str | None"]
-    to_json: Callable[[Any], Any] = edn_to_json
+    problem: Callable[[Edn], "str | None"]
+    to_json: Callable[[Any], object] = edn_to_json  # takes what `problem` passed
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return type(v) is int
 
 
-def _is_num(v: Any) -> bool:
+def _is_num(v: object) -> TypeGuard[int | float | Decimal]:
     return type(v) in (int, float) or isinstance(v, Decimal)
 
 
-def _check(name: str, test: Callable[[Any], bool]) -> Callable[[Any], "str | None"]:
+def _check(name: str, test: Callable[[Edn], bool]) -> Callable[[Edn], "str | None"]:
     return lambda v: None if test(v) else f"expected {name}, got {describe(v)}"
 
 
-def _map_problem(v: Any) -> str | None:
+def _map_problem(v: Edn) -> str | None:
     if not isinstance(v, dict):
         return f"expected a map, got {describe(v)}"
     return json_problem(v)
 
 
-def _ints(v: Any) -> bool:
+def _ints(v: Edn) -> bool:
     return isinstance(v, (list, tuple)) and all(type(x) is int for x in v)
 
 
-def _strs(v: Any) -> bool:
+def _strs(v: Edn) -> bool:
     return isinstance(v, (list, tuple)) and all(type(x) is str for x in v)
 
 
-def _token(k: Any) -> bool:
+def _token(k: object) -> bool:
     return type(k) is int or type(k) is str and k.isdigit()
 
 
-def _bias_problem(v: Any) -> str | None:
+def _bias_problem(v: Edn) -> str | None:
     if not isinstance(v, dict):
         return f"expected a map of token id to bias, got {describe(v)}"
     for k, x in v.items():
@@ -87,7 +91,7 @@ def _bias_problem(v: Any) -> str | None:
     return None
 
 
-def _name_text(v: Any) -> Any:
+def _name_text(v: _T) -> _T | str:
     return v.name if isinstance(v, Keyword) else v
 
 
@@ -373,7 +377,7 @@ def value_problems(extras: Mapping[str, Edn], stream: bool | None = None,
         if why is not None:
             out.append(_problem("request/type", key, f":{key}: {why}"))
             continue
-        values: Any = v.values() if isinstance(v, dict) and f.kind is BIAS else (v,) if _is_num(v) else ()
+        values: Iterable[int | float | Decimal] = v.values() if isinstance(v, dict) and f.kind is BIAS else (v,) if _is_num(v) else ()
         for x in values:
             if (f.lo is not None and not x >= f.lo) or (f.hi is not None and not x <= f.hi):
                 lo = "-inf" if f.lo is None else f.lo
@@ -391,7 +395,7 @@ def value_problems(extras: Mapping[str, Edn], stream: bool | None = None,
     return out
 
 
-def _pass_through_problems(key: str, v: Any) -> list[Problem]:
+def _pass_through_problems(key: str, v: Edn) -> list[Problem]:
     if not isinstance(v, dict) or not all(isinstance(k, (str, Keyword)) for k in v):
         return [_problem("request/type", key, f":{key}: expected a map with string keys, got {describe(v)}")]
     out = []
@@ -460,7 +464,7 @@ PART_NEEDS: dict[str, tuple[str, ...]] = {
     "input-video": ("url|data",), "image-embeds": ("data",), "text": ("text",)}
 
 
-def part_problems(req: Any, engine: str, part_types: frozenset[str]) -> list[Problem]:
+def part_problems(req: ChatRequest, engine: str, part_types: frozenset[str]) -> list[Problem]:
     """Content parts of a chat request the engine does not take, or that lack what their type needs."""
     out: list[Problem] = []
     for i, m in enumerate(req.messages):
@@ -529,7 +533,7 @@ def version_problems(engine: str, version: str, extras: Mapping[str, Edn]) -> li
 # ------------------------------------------------------------------ rendering
 
 
-def put(body: dict[str, Any], wire: str, value: Any) -> None:
+def put(body: dict[str, object], wire: str, value: object) -> None:
     """`body[wire] = value`; a dotted wire name (`stream_options.continuous_usage_stats`) nests."""
     if "." in wire:
         outer, inner = wire.split(".", 1)
@@ -541,8 +545,8 @@ def put(body: dict[str, Any], wire: str, value: Any) -> None:
         body[wire] = value
 
 
-def render_fields(engine: str, route: str, extras: Mapping[str, Edn], body: dict[str, Any],
-           sampling_params: dict[str, Any] | None = None) -> None:
+def render_fields(engine: str, route: str, extras: Mapping[str, Edn], body: dict[str, object],
+           sampling_params: dict[str, object] | None = None) -> None:
     """The table fields of `extras` into `body` (SGLang `/generate`: its sampling ones into `sampling_params`)."""
     for key, v in extras.items():
         f = BY_KEY.get(key)
@@ -558,7 +562,7 @@ def render_fields(engine: str, route: str, extras: Mapping[str, Edn], body: dict
             put(body, where.wire, value)
 
 
-def merge_extra_body(extras: Mapping[str, Edn], body: dict[str, Any], sampling_params: dict[str, Any] | None = None,
+def merge_extra_body(extras: Mapping[str, Edn], body: dict[str, object], sampling_params: dict[str, object] | None = None,
                      sampling_names: frozenset[str] = frozenset()) -> list[str]:
     """`:vllm/extra-body` into the rendered body, verbatim; the keys already there (a collision) are returned,
     nothing overwritten. On SGLang `/generate` a key `sampling_names` holds goes into `sampling_params`."""

@@ -6,7 +6,7 @@ Every class is registered on `edn_converter`: `to_edn(x)` / `from_edn(m, Cls)`.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, Union
+from typing import TypeVar, Union
 
 import attrs
 

@@ -7,16 +7,16 @@ Shared by `Client.chat([...dicts])` and batch JSONL bodies, so both keep `tool_c
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Mapping, cast
 
-from ._edn import Keyword, kw
+from ._edn import Edn, Keyword, kw
 
 MESSAGE_FIELDS = {"role": "vllm/role", "content": "vllm/content", "name": "vllm/name",
                   "tool_call_id": "vllm/tool-call-id", "tool_calls": "vllm/tool-calls",
                   "reasoning_content": "vllm/reasoning-content"}
 
 
-def _tool_call(t: Any) -> Any:
+def _tool_call(t: object) -> object:
     if not isinstance(t, dict):
         return t  # the message reader names the type
     fn = t.get("function")
@@ -28,7 +28,7 @@ def _tool_call(t: Any) -> Any:
             kw("vllm/name"): fn.get("name"), kw("vllm/arguments"): args}
 
 
-def _part(p: Any) -> Any:
+def _part(p: object) -> object:
     if not isinstance(p, dict):
         return p
     t = p.get("type")
@@ -46,9 +46,9 @@ def _part(p: Any) -> Any:
     return {kw("vllm/type"): kw(str(t))}
 
 
-def message_to_edn(m: dict[str, Any]) -> tuple[dict[Keyword, Any], list[str]]:
+def message_to_edn(m: Mapping[str, object]) -> tuple[dict[Keyword, Edn], list[str]]:
     """The EDN message map, and the names of fields that have no EDN equivalent (left out)."""
-    out: dict[Keyword, Any] = {}
+    out: dict[Keyword, object] = {}
     unknown: list[str] = []
     for k, v in m.items():
         key = MESSAGE_FIELDS.get(k)
@@ -62,4 +62,4 @@ def message_to_edn(m: dict[str, Any]) -> tuple[dict[Keyword, Any], list[str]]:
         elif k == "tool_calls" and isinstance(v, list):
             v = [_tool_call(t) for t in v]
         out[kw(key)] = v
-    return out, unknown
+    return cast("dict[Keyword, Edn]", out), unknown  # the caller's values: the message reader checks each

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import attrs
 
@@ -53,12 +53,12 @@ def request_to_edn(req: Request) -> dict[Keyword, Edn]:
     return out
 
 
-def _find_key(value: Any, key: Keyword, form: Form) -> tuple[int, int] | None:
+def _find_key(value: object, key: Keyword, form: Form) -> tuple[int, int] | None:
     """Line and column of the first `key` in a map anywhere inside `value`."""
     if isinstance(value, dict):
         if key in value:
             return form.locate(value, key)
-        children: Iterable[Any] = value.values()
+        children: Iterable[object] = value.values()
     elif isinstance(value, (list, tuple)):
         children = value
     else:

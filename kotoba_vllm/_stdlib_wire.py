@@ -25,7 +25,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, TypeVar, overload
 from urllib.parse import urlsplit
 
 import httpx
@@ -35,19 +35,23 @@ from ._resend import AttemptEvidence
 from ._wire_core import (ACCEPT_ENCODING, DECODE_ERRORS, DEFAULT_MAX_BYTES, Body, bad_url, failed, lost, not_read,
                          timed_out, too_large, unreachable)
 
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
 _READ = 65536
+_T = TypeVar("_T")
 
 
 class _CountingReader(io.RawIOBase):
     """The socket's raw reader, counting every byte into its connection (the evidence)."""
 
-    def __init__(self, raw: Any, conn: "_Connection", sock: socket.socket) -> None:
+    def __init__(self, raw: io.RawIOBase, conn: "_Connection", sock: socket.socket) -> None:
         self._raw, self._conn, self._sock = raw, conn, sock  # the socket: http.client lets go of it at will_close
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b: Any) -> int | None:
+    def readinto(self, b: WriteableBuffer) -> int | None:
         conn = self._conn
         until = conn.until
         if until is not None:  # a deadline: no read waits past it
@@ -113,8 +117,9 @@ class _Connection(http.client.HTTPConnection):
         # http.client builds each response by calling this (a class there; here bound to the connection)
         self.response_class = self._response  # type: ignore[assignment]
 
-    def _response(self, sock: socket.socket, *args: Any, **kwargs: Any) -> _Response:
-        return _Response(sock, *args, conn=self, **kwargs)
+    def _response(self, sock: socket.socket, debuglevel: int = 0, method: str | None = None,
+                  url: str | None = None) -> _Response:
+        return _Response(sock, debuglevel, method, url, conn=self)
 
 
 class _TlsConnection(_Connection):
@@ -134,7 +139,16 @@ class _Headers(dict[str, str]):
     def __getitem__(self, key: str) -> str:
         return dict.__getitem__(self, key.lower())
 
-    def get(self, key: str, default: Any = None) -> Any:
+    @overload
+    def get(self, key: str, default: None = None, /) -> str | None: ...
+
+    @overload
+    def get(self, key: str, default: str, /) -> str: ...
+
+    @overload
+    def get(self, key: str, default: _T, /) -> str | _T: ...
+
+    def get(self, key: str, default: object = None, /) -> object:
         return dict.get(self, key.lower(), default)
 
     def __contains__(self, key: object) -> bool:
@@ -367,7 +381,7 @@ class StdlibWire:
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
-    def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+    def send(self, method: str, url: str, *, json: object = None, content: bytes | None = None,
              headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
              attempt: AttemptEvidence | None = None, withhold_key: bool = False,
              deadline_s: float | None = None, max_bytes: int | None = None) -> StdlibAnswer:

@@ -10,7 +10,7 @@ out here from the server's numbers makes its figure `:computed`, naming those in
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import attrs
 
@@ -108,7 +108,7 @@ MAX_TOKENS = 2**53
 MAX_FIGURE = 1e15
 
 
-def server_count(v: Any) -> int | None:
+def server_count(v: object) -> int | None:
     """A token count a server reported: a whole number in range, else unknown (None)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -117,7 +117,7 @@ def server_count(v: Any) -> int | None:
     return int(v) if 0 <= v <= MAX_TOKENS else None
 
 
-def server_figure(v: Any) -> float | None:
+def server_figure(v: object) -> float | None:
     """A duration or rate a server reported: finite, non-negative and plausible, else unknown (None)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -128,7 +128,7 @@ def server_figure(v: Any) -> float | None:
     return x if math.isfinite(x) and 0 <= x <= MAX_FIGURE else None
 
 
-def llamacpp_server_timings(t: Any) -> ServerTimings | None:
+def llamacpp_server_timings(t: object) -> ServerTimings | None:
     """llama.cpp's `timings` object (`prompt_n`, `prompt_ms`, `prompt_per_second`, `predicted_n`,
     `predicted_ms`, `predicted_per_second`, `cache_n`). Its rates are its own: `predicted_per_second` is
     (predicted_n - 1) / predicted_ms, since the first token comes out of the prefill; 0.0 means
@@ -143,7 +143,7 @@ def llamacpp_server_timings(t: Any) -> ServerTimings | None:
                          cached_n=server_count(t.get("cache_n")))
 
 
-def sglang_server_timings(meta: Any) -> ServerTimings | None:
+def sglang_server_timings(meta: object) -> ServerTimings | None:
     """SGLang 0.5.23 `meta_info` (keys seen on its real serving layer): `prompt_tokens`,
     `completion_tokens`, `cached_tokens` and `e2e_latency` (s; on the final chunk of a stream) always;
     with `--enable-metrics` also `queue_time` (s), `first_token_latency` (s), `decode_throughput`

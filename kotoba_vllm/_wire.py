@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Protocol
+from typing import AsyncIterator, Callable, Iterator, Mapping, Protocol
 
 import httpx
 
@@ -101,7 +101,7 @@ class Answer(Protocol):
 class AsyncWire(Protocol):
     name: str
 
-    async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+    async def send(self, method: str, url: str, *, json: object = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
                    attempt: AttemptEvidence | None = None, withhold_key: bool = False,
                    max_bytes: int | None = None) -> Answer:
@@ -127,7 +127,7 @@ class HttpxWire:
         self._url: Callable[[str], httpx.URL] = functools.lru_cache(maxsize=256)(httpx.URL)
 
 
-    async def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+    async def send(self, method: str, url: str, *, json: object = None, content: bytes | None = None,
                    headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
                    attempt: AttemptEvidence | None = None, withhold_key: bool = False,
                    max_bytes: int | None = None) -> Answer:
@@ -266,7 +266,7 @@ class _AsyncHook:
     def __init__(self, attempt: AttemptEvidence) -> None:
         self.attempt = attempt
 
-    async def __call__(self, name: str, info: Mapping[str, Any]) -> None:
+    async def __call__(self, name: str, info: Mapping[str, object]) -> None:
         trace_event(self.attempt, name)
 
 
@@ -310,7 +310,7 @@ class SyncAnswer(Protocol):
 class SyncWire(Protocol):
     name: str
 
-    def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+    def send(self, method: str, url: str, *, json: object = None, content: bytes | None = None,
              headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
              attempt: AttemptEvidence | None = None, withhold_key: bool = False,
              deadline_s: float | None = None, max_bytes: int | None = None) -> SyncAnswer:
@@ -336,7 +336,7 @@ class HttpxSyncWire:
         self._url: Callable[[str], httpx.URL] = functools.lru_cache(maxsize=256)(httpx.URL)
 
 
-    def send(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+    def send(self, method: str, url: str, *, json: object = None, content: bytes | None = None,
              headers: Mapping[str, str] | None = None, timeout: httpx.Timeout, stream: bool = False,
              attempt: AttemptEvidence | None = None, withhold_key: bool = False,
              deadline_s: float | None = None, max_bytes: int | None = None) -> SyncAnswer:

@@ -16,7 +16,7 @@ A wire (`_stdlib_wire`, `_aiohttp_wire`, the httpx wires in `_wire`) raises only
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Protocol
 
 from ._errors import RequestTimeout, ResponseTooLarge, TransportError, Unreachable
 
@@ -109,7 +109,18 @@ class Body:
         return tail
 
 
-def _decoder(encoding: str | None) -> Any:
+class Decompressor(Protocol):
+    """What zlib's decompress objects and `_Deflate` share, as `Body` uses it."""
+
+    @property
+    def unconsumed_tail(self) -> bytes: ...
+
+    def decompress(self, data: bytes, max_length: int, /) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+def _decoder(encoding: str | None) -> Decompressor | None:
     if not encoding or encoding == "identity":
         return None
     enc = encoding.strip().lower()
@@ -124,21 +135,22 @@ class _Deflate:
     """'deflate' is zlib-wrapped by the spec, raw in some servers: try the first, fall back to the second."""
 
     def __init__(self) -> None:
-        self._d: Any = None
+        self._d: Decompressor | None = None
         self.unconsumed_tail = b""
 
-    def decompress(self, data: bytes, max_length: int) -> bytes:
-        if self._d is None:
-            self._d = zlib.decompressobj()
+    def decompress(self, data: bytes, max_length: int, /) -> bytes:
+        d = self._d
+        if d is None:
+            d = self._d = zlib.decompressobj()
             try:
-                return self._step(data, max_length)
+                return self._step(d, data, max_length)
             except zlib.error:
-                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-        return self._step(data, max_length)
+                d = self._d = zlib.decompressobj(-zlib.MAX_WBITS)
+        return self._step(d, data, max_length)
 
-    def _step(self, data: bytes, max_length: int) -> bytes:
-        out = bytes(self._d.decompress(data, max_length))
-        self.unconsumed_tail = self._d.unconsumed_tail
+    def _step(self, d: Decompressor, data: bytes, max_length: int) -> bytes:
+        out = bytes(d.decompress(data, max_length))
+        self.unconsumed_tail = d.unconsumed_tail
         return out
 
     def flush(self) -> bytes:

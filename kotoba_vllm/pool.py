@@ -426,12 +426,12 @@ class Pool(_PoolCore[Client]):
         return PoolStream(self, inner, req, adm, cap, conversation)
 
     def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
-             timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: Any) -> Response:
+             timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: object) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
         return self.send(req, timeout=timeout, deadline=deadline, conversation=conversation)
 
     def stream_chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
-                    timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: Any) -> PoolStream:
+                    timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: object) -> PoolStream:
         req = chat_request(messages, model if model is not None else self.model, None, True, sampling, None)
         return self.stream(req, timeout=timeout, deadline=deadline, conversation=conversation)
 
@@ -633,7 +633,7 @@ class AsyncPool(_PoolCore[AsyncClient]):
         return AsyncPoolStream(self, inner, req, adm, cap, conversation)
 
     async def chat(self, messages: MessagesInput, *, model: str | None = None, conversation: str | None = None,
-                   timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: Any) -> Response:
+                   timeout: TimeoutArg = None, deadline: DeadlineArg = None, **sampling: object) -> Response:
         req = chat_request(messages, model if model is not None else self.model, None, False, sampling, None)
         return await self.send(req, timeout=timeout, deadline=deadline, conversation=conversation)
 

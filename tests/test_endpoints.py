@@ -328,3 +328,11 @@ def test_the_servers_id_comes_back_on_every_pooling_answer_sync_and_async() -> N
         ours = r.request_id
         assert ours.startswith(mode + "-") and r.server_request_id == ours and r.id.endswith("-" + ours)
         assert to_edn(r)[kw("vllm/server-request-id")] == ours
+
+
+def test_a_pass_through_body_on_a_json_array_body_is_refused_by_name() -> None:
+    # llama.cpp's LoRA scales are a JSON array: an :vllm/extra-body key has no object to go into
+    req = LoraScaleRequest(adapters=(LoraScale(id=0, scale=0.5),), extras={"vllm/extra-body": {kw("a"): 1}})
+    with pytest.raises(ValidationError, match="has no JSON object to go into") as e:
+        get_dialect("llamacpp").render(req)
+    assert e.value.problems[0].field == "vllm/extra-body"

@@ -49,7 +49,8 @@ def _wire_keys(d: Dialect, ep: str, sampling: Sampling | None) -> set[str]:
     req: Request = (ChatRequest(messages=(Message(role="user", content="x"),), sampling=sampling) if ep == "chat"
                     else CompletionRequest(prompt="x", sampling=sampling) if ep == "completion"
                     else GenerateRequest(prompt="x", sampling=sampling))
-    body = d.render(req).body or {}
+    rendered = d.render(req).body
+    body = rendered if isinstance(rendered, dict) else {}  # chat, completion, generate: a JSON object
     params = body.get("sampling_params")
     return set(body) | ({f"sampling_params.{k}" for k in params} if isinstance(params, dict) else set())
 

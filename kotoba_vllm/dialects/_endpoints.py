@@ -15,7 +15,7 @@ import base64
 import json
 import sys
 from array import array
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from .._codec import edn_to_json, json_to_edn
 from .._errors import ProtocolError
@@ -138,23 +138,24 @@ def render_endpoint(req: Request, routes: dict[str, str], extras: dict[str, tupl
     engine's request model has one (vLLM's pooling requests; SGLang's rerank has none: the header alone)."""
     ep = req.endpoint
     path = routes[ep]
-    body: Any = {}
+    fields: dict[str, object] = {}
+    body: dict[str, object] | list[object] = fields  # replaced whole by the LoRA and slot bodies
     model = getattr(req, "model", None)
     if model is not None:
-        body["model"] = model
+        fields["model"] = model
     if isinstance(req, RerankRequest):
-        body["query"] = req.query
-        body["documents"] = list(req.documents)
+        fields["query"] = req.query
+        fields["documents"] = list(req.documents)
         if req.top_n is not None:
-            body["top_n"] = req.top_n
+            fields["top_n"] = req.top_n
     elif isinstance(req, ScoreRequest):
-        body["text_1"], body["text_2"] = _texts(req.text_1), _texts(req.text_2)
+        fields["text_1"], fields["text_2"] = _texts(req.text_1), _texts(req.text_2)
     elif isinstance(req, ClassifyRequest):
-        body["input"] = _texts(req.input)
+        fields["input"] = _texts(req.input)
     elif isinstance(req, PoolingRequest):
-        body["input"] = _texts(req.input)
+        fields["input"] = _texts(req.input)
         if req.task is not None:
-            body["task"] = req.task.replace("-", "_")
+            fields["task"] = req.task.replace("-", "_")
     elif isinstance(req, LoraLoadRequest):
         body = {"lora_name": req.lora_name, "lora_path": req.lora_path}
     elif isinstance(req, LoraUnloadRequest):
@@ -177,7 +178,7 @@ def render_endpoint(req: Request, routes: dict[str, str], extras: dict[str, tupl
 # ------------------------------------------------------------------ parsing
 
 
-def _usage(u: Any) -> Usage | None:
+def _usage(u: object) -> Usage | None:
     if not isinstance(u, dict):
         return None
     def count(k: str) -> int | None:
@@ -187,35 +188,37 @@ def _usage(u: Any) -> Usage | None:
                  total_tokens=count("total_tokens"))
 
 
-def _str(v: Any) -> str | None:
+def _str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _num(v: Any, what: str, obj: Any, url: str | None) -> float:
+def _num(v: object, what: str, obj: object, url: str | None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ProtocolError(f"{what} is not a number", offending=json.dumps(obj)[:500], endpoint=url)
     return float(v)
 
 
-def _index(v: Any, fallback: int) -> int:
+def _index(v: object, fallback: int) -> int:
     return v if type(v) is int and v >= 0 else fallback
 
 
-def _data_list(obj: Any, what: str, url: str | None) -> list[Any]:
-    data = obj.get("data") if isinstance(obj, dict) else None
+def _data_list(obj: object, what: str, url: str | None) -> tuple[Mapping[str, object], list[Mapping[str, object]]]:
+    """The answer as an object, and its `data` rows (objects) in index order."""
+    answer = obj if isinstance(obj, dict) else {}
+    data = answer.get("data")
     if not isinstance(data, list):
         raise ProtocolError(f"{what} answer has no data list", offending=json.dumps(obj)[:500], endpoint=url)
-    return sorted((d for d in data if isinstance(d, dict)), key=lambda d: _index(d.get("index"), 0))
+    return answer, sorted((d for d in data if isinstance(d, dict)), key=lambda d: _index(d.get("index"), 0))
 
 
-def _document(d: dict[str, Any]) -> str | None:
+def _document(d: Mapping[str, object]) -> str | None:
     doc = d.get("document")
     if isinstance(doc, dict):  # vLLM: {"text": ..}
         doc = doc.get("text")
     return _str(doc if doc is not None else d.get("text"))  # llama.cpp's TEI form: "text"
 
 
-def parse_rerank(obj: Any, engine: str, req: Request, url: str | None) -> RerankResponse:
+def parse_rerank(obj: object, engine: str, req: Request, url: str | None) -> RerankResponse:
     # SGLang answers a bare list of {index, score, document}; vLLM and llama.cpp {results: [{index, relevance_score}]}
     rows = obj if isinstance(obj, list) else obj.get("results") if isinstance(obj, dict) else None
     if not isinstance(rows, list):
@@ -233,15 +236,15 @@ def parse_rerank(obj: Any, engine: str, req: Request, url: str | None) -> Rerank
                           request_id=req.request_id)
 
 
-def parse_score(obj: Any, engine: str, req: Request, url: str | None) -> ScoreResponse:
-    rows = _data_list(obj, "score", url)
-    return ScoreResponse(scores=tuple(_num(d.get("score"), "score", obj, url) for d in rows), id=_str(obj.get("id")),
-                         model=_str(obj.get("model")), usage=_usage(obj.get("usage")), backend=engine,
+def parse_score(obj: object, engine: str, req: Request, url: str | None) -> ScoreResponse:
+    answer, rows = _data_list(obj, "score", url)
+    return ScoreResponse(scores=tuple(_num(d.get("score"), "score", obj, url) for d in rows), id=_str(answer.get("id")),
+                         model=_str(answer.get("model")), usage=_usage(answer.get("usage")), backend=engine,
                          endpoint_url=url, request_id=req.request_id)
 
 
-def parse_classify(obj: Any, engine: str, req: Request, url: str | None) -> ClassifyResponse:
-    rows = _data_list(obj, "classify", url)
+def parse_classify(obj: object, engine: str, req: Request, url: str | None) -> ClassifyResponse:
+    answer, rows = _data_list(obj, "classify", url)
     results = []
     for i, d in enumerate(rows):
         probs = d.get("probs", d.get("probabilities"))
@@ -251,23 +254,23 @@ def parse_classify(obj: Any, engine: str, req: Request, url: str | None) -> Clas
         results.append(ClassifyResult(index=_index(d.get("index"), i), label=_str(d.get("label")),
                                       probs=tuple(_num(p, "class probability", obj, url) for p in probs),
                                       num_classes=n if type(n) is int else len(probs)))
-    return ClassifyResponse(results=tuple(results), id=_str(obj.get("id")), model=_str(obj.get("model")),
-                            usage=_usage(obj.get("usage")), backend=engine, endpoint_url=url,
+    return ClassifyResponse(results=tuple(results), id=_str(answer.get("id")), model=_str(answer.get("model")),
+                            usage=_usage(answer.get("usage")), backend=engine, endpoint_url=url,
                             request_id=req.request_id)
 
 
-def parse_pooling(obj: Any, engine: str, req: Request, url: str | None) -> PoolingResponse:
-    rows = _data_list(obj, "pooling", url)
+def parse_pooling(obj: object, engine: str, req: Request, url: str | None) -> PoolingResponse:
+    answer, rows = _data_list(obj, "pooling", url)
     data = []
     for d in rows:
         v = d.get("data")
         data.append(json_to_edn(decode_base64_floats(v, obj, url) if isinstance(v, str) else v))
-    return PoolingResponse(data=tuple(data), id=_str(obj.get("id")), model=_str(obj.get("model")),
-                           usage=_usage(obj.get("usage")), backend=engine, endpoint_url=url,
+    return PoolingResponse(data=tuple(data), id=_str(answer.get("id")), model=_str(answer.get("model")),
+                           usage=_usage(answer.get("usage")), backend=engine, endpoint_url=url,
                            request_id=req.request_id)
 
 
-def parse_lora_list(obj: Any, engine: str, req: Request, url: str | None) -> LoraAdaptersResponse:
+def parse_lora_list(obj: object, engine: str, req: Request, url: str | None) -> LoraAdaptersResponse:
     adapters: list[LoraAdapter] = []
     if isinstance(obj, list):  # llama.cpp: [{id, path, scale, ...}]
         for a in obj:
@@ -287,7 +290,7 @@ def parse_lora_list(obj: Any, engine: str, req: Request, url: str | None) -> Lor
     return LoraAdaptersResponse(adapters=tuple(adapters), backend=engine, endpoint_url=url, request_id=req.request_id)
 
 
-def parse_control(obj: Any, engine: str, req: Request, url: str | None) -> ControlResponse:
+def parse_control(obj: object, engine: str, req: Request, url: str | None) -> ControlResponse:
     """A 2xx control answer. vLLM answers text (or nothing), SGLang `/flush_cache` text, its LoRA calls
     `{success, error_message, ...}`, llama.cpp JSON (`{"success": true}`, slot counts)."""
     if isinstance(obj, str):
@@ -303,11 +306,11 @@ def parse_control(obj: Any, engine: str, req: Request, url: str | None) -> Contr
                            backend=engine, endpoint_url=url, request_id=req.request_id)
 
 
-PARSERS: dict[str, Callable[[Any, str, Request, str | None], AnyResponse]] = {"rerank": parse_rerank, "score": parse_score, "classify": parse_classify, "pooling": parse_pooling,
+PARSERS: dict[str, Callable[[object, str, Request, str | None], AnyResponse]] = {"rerank": parse_rerank, "score": parse_score, "classify": parse_classify, "pooling": parse_pooling,
            "lora-list": parse_lora_list}
 
 
-def parse_endpoint(obj: Any, engine: str, req: Request, url: str | None) -> AnyResponse:
+def parse_endpoint(obj: object, engine: str, req: Request, url: str | None) -> AnyResponse:
     parse = PARSERS.get(req.endpoint, parse_control)
     return parse(obj, engine, req, url)
 
@@ -315,7 +318,7 @@ def parse_endpoint(obj: Any, engine: str, req: Request, url: str | None) -> AnyR
 # ------------------------------------------------------------------ base64 embeddings
 
 
-def decode_base64_floats(text: str, obj: Any = None, url: str | None = None) -> list[float]:
+def decode_base64_floats(text: str, obj: object = None, url: str | None = None) -> list[float]:
     """An embedding sent as base64 (`encoding_format: base64`): little-endian float32, as vLLM (float32,
     native order by default) and llama.cpp (the float vector's bytes) write it on the machines they run on."""
     try:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import attrs
 
 from .._codec import plain_key, json_to_edn
-from .._edn import Keyword, kw
+from .._edn import Edn, Keyword, kw
 from .._errors import AdmissionRejected, BadRequest, NotReady, ServerError, ServerFailure
 
 
@@ -22,18 +22,18 @@ class HttpRequest:
 
     method: str
     path: str
-    body: dict[str, Any] | None = None
+    body: dict[str, object] | list[object] | None = None  # a list: llama.cpp's LoRA scales
     stream: bool = False
     headers: dict[str, str] | None = None
 
-    def to_json_obj(self) -> dict[str, Any]:
-        out = {"method": self.method, "path": self.path, "body": self.body}
+    def to_json_obj(self) -> dict[str, object]:
+        out: dict[str, object] = {"method": self.method, "path": self.path, "body": self.body}
         if self.headers:
             out["headers"] = self.headers
         return out
 
-    def to_edn(self) -> dict[Keyword, Any]:
-        out: dict[Keyword, Any] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
+    def to_edn(self) -> dict[Keyword, Edn]:
+        out: dict[Keyword, Edn] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
         if self.body is not None:
             out[kw("http/body")] = json_to_edn(self.body)
         if self.stream:
@@ -63,7 +63,7 @@ def parse_retry_after(value: str | None, now: _dt.datetime | None = None) -> flo
     return max(0.0, (when - now).total_seconds())
 
 
-def error_object(body: Any) -> dict[str, Any] | None:
+def error_object(body: object) -> dict[str, object] | None:
     """The error object of an OpenAI-style body: `{"error": {...}}`, `{"object": "error", ...}` or `{"detail": ..}`."""
     if not isinstance(body, dict):
         return None
@@ -170,7 +170,7 @@ def decode_json_refusing_wide_ints(raw: bytes) -> tuple[Any, list[str]]:
         return None, []
     refused: list[str] = []
 
-    def walk(v: Any, where: str) -> Any:
+    def walk(v: object, where: str) -> object:
         if isinstance(v, _TooWide):
             refused.append(f"{where or '(the answer)'}: an integer of {v.digits} digits, refused")
             return None
@@ -231,7 +231,7 @@ def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint
                          details=details_edn)
 
 
-def _reason_from(err: dict[str, Any], body: Any) -> str | None:
+def _reason_from(err: Mapping[str, object], body: object) -> str | None:
     for src in (err, body if isinstance(body, dict) else {}):
         for key in ("reason", "code", "type"):
             v = src.get(key)
@@ -240,7 +240,7 @@ def _reason_from(err: dict[str, Any], body: Any) -> str | None:
     return None
 
 
-def stream_error(obj: dict[str, Any], endpoint: str | None, partial_text: str | None,
+def stream_error(obj: Mapping[str, object], endpoint: str | None, partial_text: str | None,
                  raw: str | None = None) -> ServerError:
     """An error object that arrived inside a 200 SSE stream: typed, never text. `raw`: the chunk it
     came in, when the error object was read out of a larger payload."""

@@ -11,10 +11,11 @@ A 503 while the model loads is not-ready, not admission. `:vllm/guided-choice` a
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import ClassVar, Mapping, cast
 
 from .._fields import render_fields
 from .._codec import json_to_edn
+from .._edn import Edn
 from .._errors import ProtocolError, ValidationError
 from .._model import (Choice, DetokenizeRequest, GenerateRequest, Request, Response, Sampling, StreamDelta,
                       TokenizeRequest, Usage)
@@ -22,6 +23,7 @@ from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, llamacpp_server_timings
 from .openai import ChunkStream, Dialect, int_or_none, schema_json, str_or_none
 from ._http import HttpRequest
+from ._shapes import LlamacppCompletionJson
 from ._regex_gbnf import Untranslatable, gbnf_literal, overlong_prone, regex_to_gbnf
 
 LLAMACPP_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
@@ -112,7 +114,7 @@ class LlamacppDialect(Dialect):
                 out.append(problem)
         return out
 
-    def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+    def render_structured(self, s: Sampling, ep: str, body: dict[str, object]) -> None:
         if s.guided_json is not None:
             if ep == "chat":
                 body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema_json(s.guided_json)}}
@@ -124,7 +126,7 @@ class LlamacppDialect(Dialect):
 
     def render_generate(self, req: Request) -> HttpRequest:
         assert isinstance(req, GenerateRequest)
-        body: dict[str, Any] = {"prompt": req.prompt if isinstance(req.prompt, str) else list(req.prompt)}
+        body: dict[str, object] = {"prompt": req.prompt if isinstance(req.prompt, str) else list(req.prompt)}
         s = req.sampling
         if s is not None:
             for attr in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "presence_penalty",
@@ -149,7 +151,7 @@ class LlamacppDialect(Dialect):
         return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))
 
     def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
-        body: dict[str, Any] = {"content": req.text}
+        body: dict[str, object] = {"content": req.text}
         if req.add_special is not None:
             body["add_special"] = req.add_special
         return HttpRequest("POST", self.routes["tokenize"], body)
@@ -157,21 +159,22 @@ class LlamacppDialect(Dialect):
     def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
         return HttpRequest("POST", self.routes["detokenize"], {"tokens": list(req.tokens)})
 
-    def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
+    def server_timings(self, obj: Mapping[str, object]) -> ServerTimings | None:
         return llamacpp_server_timings(obj.get("timings"))
 
-    def response_extras(self, obj: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def response_extras(self, obj: Mapping[str, object]) -> dict[str, Edn]:
+        out: dict[str, Edn] = {}
         t = obj.get("timings")
         if isinstance(t, dict):
             out["llamacpp/timings"] = json_to_edn(t)
         for k, name in (("id_slot", "llamacpp/id-slot"), ("tokens_cached", "llamacpp/tokens-cached"),
                         ("truncated", "llamacpp/truncated"), ("stop_type", "llamacpp/stop-type")):
-            if k in obj and isinstance(obj[k], (int, str, bool)):
-                out[name] = obj[k]
+            v = obj.get(k)
+            if isinstance(v, (int, str, bool)):
+                out[name] = v
         return out
 
-    def native_usage(self, obj: dict[str, Any]) -> Usage | None:
+    def native_usage(self, obj: Mapping[str, object]) -> Usage | None:
         p, c = int_or_none(obj.get("tokens_evaluated")), int_or_none(obj.get("tokens_predicted"))
         if p is None and c is None:
             return None
@@ -180,8 +183,9 @@ class LlamacppDialect(Dialect):
         return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=(p or 0) + (c or 0),
                      cached_tokens=int_or_none(t.get("cache_n")))
 
-    def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
+    def parse_generate(self, req: Request, answer: Mapping[str, object], endpoint_url: str | None,
                        clock: ClientClock | None) -> Response:
+        obj = cast(LlamacppCompletionJson, answer)
         if "content" not in obj:
             raise ProtocolError("llama.cpp /completion answer has no content", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
@@ -204,7 +208,7 @@ class NativeStream(ChunkStream):
     def __init__(self, dialect: LlamacppDialect, req: Request, endpoint_url: str | None) -> None:
         super().__init__(dialect, req, endpoint_url)
         self.pieces: list[str] = []
-        self.last_obj: dict[str, Any] = {}
+        self.last_obj: LlamacppCompletionJson = {}
 
     payload_key: ClassVar[str] = "content"
 
@@ -212,7 +216,8 @@ class NativeStream(ChunkStream):
     def partial_text(self) -> str:
         return "".join(self.pieces)
 
-    def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
+    def chunk(self, payload: Mapping[str, object]) -> list[StreamDelta]:
+        obj = cast(LlamacppCompletionJson, payload)
         piece = obj.get("content")
         piece = piece if isinstance(piece, str) else ""
         if piece:

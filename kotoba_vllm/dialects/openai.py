@@ -7,13 +7,14 @@ A knob an engine would ignore is a validation error naming knob and engine.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping, TypedDict, cast
 
 import attrs
 
 from .._fields import (EXTRA_BODY, engine_problems, extra_headers, fields_on, merge_extra_body, part_problems,
                        render_fields)
 from .._codec import edn_to_json, json_to_edn
+from .._edn import Edn
 from .._errors import ProtocolError, ValidationError
 from .._memo import IdentityMemo
 from .._model import (AnyResponse, Choice, ChatRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
@@ -25,6 +26,7 @@ from .._timings import ClientClock, ServerTimings, build_timings
 from ._endpoints import CONTROL_ENDPOINTS, ENDPOINTS_HERE, decode_base64_floats, endpoint_refusal, option_problems
 from ._endpoints import parse_endpoint, render_endpoint
 from ._http import ORJSON, ORJSON_LOADS, HttpRequest, error_object, loads_as_json, stream_error
+from ._shapes import ChunkJson
 
 OPENAI_SAMPLING = frozenset({"temperature", "top_p", "max_tokens", "n", "presence_penalty", "frequency_penalty",
                              "stop", "seed", "logprobs", "guided_json"})
@@ -95,7 +97,7 @@ class Dialect:
 
     def _clashes(self, req: Request) -> list[str]:
         body = self.render_core(req)
-        if body.body is None:
+        if not isinstance(body.body, dict):  # none, or a JSON array (`render` refuses a pass-through there)
             return []
         return merge_extra_body(req.extras, dict(body.body), *self.sampling_params_of(body))
 
@@ -110,6 +112,10 @@ class Dialect:
             if req.request_id is not None and self.request_id_header:
                 headers["x-request-id"] = str(req.request_id)
             if EXTRA_BODY in req.extras and http.body is not None:
+                if not isinstance(http.body, dict):
+                    raise ValidationError([Problem("error", "request/pass-through", f":{EXTRA_BODY} has no JSON "
+                                                   "object to go into: this request's body is an array",
+                                                   field=EXTRA_BODY, engine=self.name)])
                 clashes = merge_extra_body(req.extras, http.body, *self.sampling_params_of(http))
                 if clashes:
                     raise ValidationError([Problem("error", "request/pass-through", f":{EXTRA_BODY} {k!r} "
@@ -119,7 +125,7 @@ class Dialect:
                 http = attrs.evolve(http, headers=headers)
         return http
 
-    def sampling_params_of(self, http: HttpRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
+    def sampling_params_of(self, http: HttpRequest) -> tuple[dict[str, object] | None, frozenset[str]]:
         """Where pass-through sampling keys go on this route (SGLang `/generate`: `sampling_params`), and their names."""
         return None, frozenset()
 
@@ -129,7 +135,7 @@ class Dialect:
         if ep in ENDPOINTS_HERE:
             return render_endpoint(req, self.routes, {k: (o.wire, o.routes) for k, (_, o) in
                                                       fields_on(self.name).items()}, self._request_id_field(ep))
-        body: dict[str, Any] = {}
+        body: dict[str, object] = {}
         if req.model is not None:
             body["model"] = req.model
         if isinstance(req, ChatRequest):
@@ -170,14 +176,14 @@ class Dialect:
     def _request_id_field(self, ep: str) -> str | None:
         return self.request_id_field if ep in self.request_id_endpoints else None
 
-    def render_message(self, m: Message) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": m.role}
+    def render_message(self, m: Message) -> dict[str, object]:
+        out: dict[str, object] = {"role": m.role}
         if m.content is None:
             out["content"] = None
         elif isinstance(m.content, str):
             out["content"] = m.content
         else:
-            parts: list[dict[str, Any]] = []
+            parts: list[dict[str, object]] = []
             for p in m.content:
                 if p.type == "text":
                     parts.append({"type": "text", "text": p.text or ""})
@@ -186,7 +192,7 @@ class Dialect:
                 if p.type == "image-embeds":
                     parts.append({"type": wire, wire: p.data})
                     continue
-                inner: dict[str, Any] = {}
+                inner: dict[str, object] = {}
                 for name in ("url", "data", "format", "detail"):
                     v = getattr(p, name)
                     if v is not None:
@@ -205,21 +211,21 @@ class Dialect:
             out["reasoning_content"] = m.reasoning
         return out
 
-    def sampling_body(self, s: Sampling, ep: str) -> dict[str, Any]:
+    def sampling_body(self, s: Sampling, ep: str) -> dict[str, object]:
         """`render_sampling` on its own, rendered once per Sampling of plain values (a batch, or keyword
         arguments, repeat the same few; the result holds only immutable values, so it is shared safely)."""
         bodies = _SAMPLING_BODIES.get(s)
         hit = bodies.get((self, ep)) if bodies is not None else None
         if hit is not None:
             return hit
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         self.render_sampling(s, ep, out)
         # structured outputs may be built from a caller's mutable map: rendered afresh every time
         if all(type(v) in _PLAIN for v in out.values()) and all(getattr(s, a) is None for a in STRUCTURED_ATTRS):
             (bodies if bodies is not None else _SAMPLING_BODIES.keep(s, {}))[(self, ep)] = out
         return out
 
-    def render_sampling(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+    def render_sampling(self, s: Sampling, ep: str, body: dict[str, object]) -> None:
         renames = self.wire_names.get(ep, {})
         for attr, knob in KNOBS_BY_ATTR.items():
             v = getattr(s, attr)
@@ -232,7 +238,7 @@ class Dialect:
         if any(getattr(s, a) is not None for a in STRUCTURED_ATTRS):
             self.render_structured(s, ep, body)
 
-    def render_logprobs(self, v: int | bool, ep: str, body: dict[str, Any]) -> None:
+    def render_logprobs(self, v: int | bool, ep: str, body: dict[str, object]) -> None:
         if ep == "chat":
             body["logprobs"] = bool(v)
             if v is not True and v is not False and v > 0:
@@ -240,7 +246,7 @@ class Dialect:
         else:
             body["logprobs"] = int(v)
 
-    def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+    def render_structured(self, s: Sampling, ep: str, body: dict[str, object]) -> None:
         # OpenAI's own form: response_format json_schema.
         if s.guided_json is not None:
             body["response_format"] = {"type": "json_schema",
@@ -248,7 +254,7 @@ class Dialect:
 
     def render_tokenize(self, req: TokenizeRequest) -> HttpRequest:
         # vLLM's and SGLang's shape; reached only when `routes` has a tokenize route
-        body: dict[str, Any] = {"prompt": req.text}
+        body: dict[str, object] = {"prompt": req.text}
         if req.model is not None:
             body["model"] = req.model
         if req.add_special is not None:
@@ -256,7 +262,7 @@ class Dialect:
         return HttpRequest("POST", self.routes["tokenize"], body)
 
     def render_detokenize(self, req: DetokenizeRequest) -> HttpRequest:
-        body: dict[str, Any] = {"tokens": list(req.tokens)}
+        body: dict[str, object] = {"tokens": list(req.tokens)}
         if req.model is not None:
             body["model"] = req.model
         return HttpRequest("POST", self.routes["detokenize"], body)
@@ -266,7 +272,7 @@ class Dialect:
 
     # ------------------------------------------------------------ parsing
 
-    def parse(self, req: Request, obj: Any, endpoint_url: str | None = None,
+    def parse(self, req: Request, obj: object, endpoint_url: str | None = None,
               clock: ClientClock | None = None) -> AnyResponse:
         """A complete (non-streamed) JSON answer -> typed response."""
         if req.endpoint in ENDPOINTS_HERE:  # some of these answer a list, or text
@@ -297,7 +303,7 @@ class Dialect:
                         request_id=req.request_id, created=int_or_none(obj.get("created")),
                         system_fingerprint=str_or_none(obj.get("system_fingerprint")), extras=self.response_extras(obj))
 
-    def parse_choice(self, c: dict[str, Any]) -> Choice:
+    def parse_choice(self, c: Mapping[str, object]) -> Choice:
         msg = c.get("message")
         if isinstance(msg, dict):
             text = msg.get("content")
@@ -313,7 +319,7 @@ class Dialect:
                       reasoning=reasoning if isinstance(reasoning, str) else None,
                       logprobs=json_to_edn(lp) if lp is not None else None)
 
-    def parse_tool_calls(self, raw: Any) -> tuple[ToolCall, ...] | None:
+    def parse_tool_calls(self, raw: object) -> tuple[ToolCall, ...] | None:
         if not isinstance(raw, list) or not raw:
             return None
         out = []
@@ -326,7 +332,7 @@ class Dialect:
                                 index=int_or_none(t.get("index"))))
         return tuple(out)
 
-    def parse_usage(self, u: Any) -> Usage | None:
+    def parse_usage(self, u: object) -> Usage | None:
         if not isinstance(u, dict):
             return None
         details = u.get("prompt_tokens_details") or _NONE
@@ -339,13 +345,13 @@ class Dialect:
                      reasoning_tokens=(int_or_none(cdetails.get("reasoning_tokens")) if isinstance(cdetails, dict)
                                        else None) if cdetails else int_or_none(u.get("reasoning_tokens")))
 
-    def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
+    def server_timings(self, obj: Mapping[str, object]) -> ServerTimings | None:
         return None
 
-    def response_extras(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def response_extras(self, obj: Mapping[str, object]) -> dict[str, Edn]:
         return {}
 
-    def parse_embedding(self, obj: dict[str, Any], endpoint_url: str | None, req: Request) -> EmbeddingResponse:
+    def parse_embedding(self, obj: Mapping[str, object], endpoint_url: str | None, req: Request) -> EmbeddingResponse:
         data = obj.get("data")
         if not isinstance(data, list):
             raise ProtocolError("embedding answer has no data list", offending=json.dumps(obj)[:500],
@@ -357,25 +363,25 @@ class Dialect:
                                  endpoint_url=endpoint_url, request_id=req.request_id,
                                  id=str_or_none(obj.get("id")))
 
-    def tokens_of(self, obj: dict[str, Any]) -> list[int]:
+    def tokens_of(self, obj: Mapping[str, object]) -> list[int]:
         toks = obj.get("tokens")
         if not isinstance(toks, list):
             raise ProtocolError("tokenize answer has no tokens", offending=json.dumps(obj)[:500])
         # llama.cpp may answer [{"id": 1, "piece": "a"}] when pieces are asked for
         return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
 
-    def detokenized_text(self, obj: dict[str, Any]) -> str:
+    def detokenized_text(self, obj: Mapping[str, object]) -> str:
         for k in ("prompt", "content", "text"):
             text = obj.get(k)
             if isinstance(text, str):
                 return text
         raise ProtocolError("detokenize answer has no text", offending=json.dumps(obj)[:500])
 
-    def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
+    def parse_generate(self, req: Request, obj: Mapping[str, object], endpoint_url: str | None,
                        clock: ClientClock | None) -> Response:
         raise NotImplementedError  # pragma: no cover
 
-    def parse_models(self, obj: Any, endpoint_url: str | None = None) -> ModelsResponse:
+    def parse_models(self, obj: object, endpoint_url: str | None = None) -> ModelsResponse:
         data = obj.get("data") if isinstance(obj, dict) else None
         if not isinstance(data, list):
             raise ProtocolError("models answer has no data list", offending=json.dumps(obj)[:500],
@@ -391,6 +397,15 @@ class Dialect:
         return ChunkStream(self, req, endpoint_url)
 
 
+class ToolSlot(TypedDict):
+    """One tool call of a streamed choice, joined from its deltas (the server's values, as it sent them)."""
+
+    id: str | None
+    name: str
+    arguments: str
+    type: str | None
+
+
 class ChunkStream:
     """Pure assembler for OpenAI-style `chat.completion.chunk` / `text_completion` streams.
 
@@ -403,15 +418,15 @@ class ChunkStream:
         self.texts: dict[int, list[str]] = {}
         self.reasoning: dict[int, list[str]] = {}
         self.finish: dict[int, str | None] = {}
-        self.tools: dict[int, dict[int, dict[str, Any]]] = {}
-        self.logprobs: dict[int, dict[str, Any]] = {}
+        self.tools: dict[int, dict[int, ToolSlot]] = {}
+        self.logprobs: dict[int, dict[str, object]] = {}
         self.usage: Usage | None = None
         self.server: ServerTimings | None = None
         self.id: str | None = None
         self.model: str | None = None
         self.created: int | None = None
         self.fingerprint: str | None = None
-        self.extras: dict[str, Any] = {}
+        self.extras: dict[str, Edn] = {}
         self.done = False
         self._engine_timings = type(dialect).server_timings is not Dialect.server_timings
         self._engine_extras = type(dialect).response_extras is not Dialect.response_extras
@@ -440,14 +455,15 @@ class ChunkStream:
         except ValueError:
             raise ProtocolError("malformed JSON in stream", offending=data, endpoint=self.endpoint_url,
                                 partial_text=self.partial_text) from None
+        payload: ChunkJson = obj  # read as the chunk shape once it is known to be a JSON object, just below
         if not isinstance(obj, dict):
             raise ProtocolError("stream chunk is not a JSON object", offending=data, endpoint=self.endpoint_url,
                                 partial_text=self.partial_text)
         if self.payload_key not in obj and error_object(obj) is not None:
             raise stream_error(obj, self.endpoint_url, self.partial_text)
-        return self.chunk(obj)
+        return self.chunk(payload)
 
-    def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
+    def chunk(self, obj: ChunkJson) -> list[StreamDelta]:
         d = self.dialect
         # Per-chunk hot path: header fields are read until first seen, engine hooks only when overridden.
         if not self.id:
@@ -508,7 +524,7 @@ class ChunkStream:
                                         json_to_edn(tool_deltas) if tool_deltas else None, lp))
         return out
 
-    def _merge_logprobs(self, idx: int, lp: Any) -> Any:
+    def _merge_logprobs(self, idx: int, lp: object) -> Edn:
         """Keep one chunk's logprobs (EDN, for its delta) and join them into the choice's, in the
         non-streamed shape: chat `{"content": [...]}`, completion parallel lists (`tokens`, ...)."""
         if not isinstance(lp, dict):
@@ -516,12 +532,12 @@ class ChunkStream:
         acc = self.logprobs.setdefault(idx, {})
         for k, v in lp.items():
             if isinstance(v, list):
-                acc.setdefault(k, []).extend(v)
+                cast("list[object]", acc.setdefault(k, [])).extend(v)  # a list since its first chunk
             elif k not in acc or acc[k] is None:
                 acc[k] = v
         return json_to_edn(lp)
 
-    def _merge_tools(self, idx: int, deltas: list[Any]) -> None:
+    def _merge_tools(self, idx: int, deltas: list[object]) -> None:
         calls = self.tools.setdefault(idx, {})
         for t in deltas:
             if not isinstance(t, dict):
@@ -583,26 +599,26 @@ def json_chunk(data: str) -> Any:
     return obj if end == len(data) else json.loads(data)
 
 
-_NONE: dict[str, Any] = {}  # read only: an absent details map
+_NONE: Mapping[str, object] = {}  # read only: an absent details map
 # By Sampling (the very object a batch shares), then by (dialect, endpoint): its wire fields, and where it is
 # fully honoured.
-_SAMPLING_BODIES: IdentityMemo[Sampling, dict[tuple[Dialect, str], dict[str, Any]]] = IdentityMemo(1024)
+_SAMPLING_BODIES: IdentityMemo[Sampling, dict[tuple[Dialect, str], dict[str, object]]] = IdentityMemo(1024)
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _SUPPORTED: IdentityMemo[Sampling, set[tuple[Dialect, str]]] = IdentityMemo(1024)
 
 
-def int_or_none(v: Any) -> int | None:
+def int_or_none(v: object) -> int | None:
     """A count or index from the server: a non-negative int a float can hold, else unknown."""
     if type(v) is int:  # what JSON gives: the rest of the test is for int subclasses (bool)
         return v if 0 <= v <= 2**53 else None
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**53 else None
 
 
-def str_or_none(v: Any) -> str | None:
+def str_or_none(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def reason_text(v: Any) -> str | None:
+def reason_text(v: object) -> str | None:
     """The finish reason as the server spelled it ("tool_calls"), as the Clojure library keeps it."""
     if isinstance(v, dict):  # SGLang: {"type": "length", ...}
         v = v.get("type")

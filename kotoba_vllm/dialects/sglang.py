@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, ClassVar
+from typing import ClassVar, Mapping, cast
 
 from .._fields import render_fields
 from .._codec import edn_to_json, json_to_edn
+from .._edn import Edn
 from .._errors import ProtocolError
 from .._model import Choice, GenerateRequest, Request, Response, Sampling, StreamDelta, Usage
 from .._problems import Problem
 from .._timings import ClientClock, ServerTimings, build_timings, sglang_server_timings
 from .openai import ChunkStream, Dialect, int_or_none, reason_text, schema_json, str_or_none
 from ._http import HttpRequest, ServerError, stream_error
+from ._shapes import SglangGenerateJson
 
 SGLANG_OPENAI_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
                                     "frequency_penalty", "repetition_penalty", "stop", "seed", "logprobs",
@@ -77,12 +79,12 @@ class SglangDialect(Dialect):
                                ":sglang/rid", field="sglang/rid", engine=self.name))
         return out
 
-    def sampling_params_of(self, http: HttpRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
-        params = http.body.get("sampling_params") if http.body is not None and http.path == self.routes["generate"] \
+    def sampling_params_of(self, http: HttpRequest) -> tuple[dict[str, object] | None, frozenset[str]]:
+        params = http.body.get("sampling_params") if isinstance(http.body, dict) and http.path == self.routes["generate"] \
             else None
         return (params, SAMPLING_PARAM_NAMES) if isinstance(params, dict) else (None, frozenset())
 
-    def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
+    def render_structured(self, s: Sampling, ep: str, body: dict[str, object]) -> None:
         if s.guided_json is not None:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": schema_json(s.guided_json)}}
@@ -93,12 +95,12 @@ class SglangDialect(Dialect):
 
     def render_generate(self, req: Request) -> HttpRequest:
         assert isinstance(req, GenerateRequest)
-        body: dict[str, Any] = {}
+        body: dict[str, object] = {}
         if isinstance(req.prompt, str):
             body["text"] = req.prompt
         else:
             body["input_ids"] = list(req.prompt)
-        params: dict[str, Any] = {}
+        params: dict[str, object] = {}
         s = req.sampling
         if s is not None:
             for attr in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "presence_penalty",
@@ -126,17 +128,17 @@ class SglangDialect(Dialect):
             body["stream"] = True
         return HttpRequest("POST", self.routes["generate"], body, bool(req.stream))
 
-    def detokenized_text(self, obj: dict[str, Any]) -> str:
+    def detokenized_text(self, obj: Mapping[str, object]) -> str:
         return super().detokenized_text(obj)
 
-    def response_extras(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def response_extras(self, obj: Mapping[str, object]) -> dict[str, Edn]:
         meta = obj.get("meta_info")
         return {"sglang/meta-info": json_to_edn(meta)} if isinstance(meta, dict) else {}
 
-    def server_timings(self, obj: dict[str, Any]) -> ServerTimings | None:
+    def server_timings(self, obj: Mapping[str, object]) -> ServerTimings | None:
         return sglang_server_timings(obj.get("meta_info"))
 
-    def native_usage(self, obj: dict[str, Any]) -> Usage | None:
+    def native_usage(self, obj: Mapping[str, object]) -> Usage | None:
         meta = obj.get("meta_info")
         if not isinstance(meta, dict):
             return None
@@ -144,8 +146,9 @@ class SglangDialect(Dialect):
         return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=(p + c) if p is not None and c is not None
                      else None, cached_tokens=int_or_none(meta.get("cached_tokens")))
 
-    def parse_generate(self, req: Request, obj: dict[str, Any], endpoint_url: str | None,
+    def parse_generate(self, req: Request, answer: Mapping[str, object], endpoint_url: str | None,
                        clock: ClientClock | None) -> Response:
+        obj = cast(SglangGenerateJson, answer)
         if "text" not in obj:
             raise ProtocolError("SGLang /generate answer has no text", offending=json.dumps(obj)[:500],
                                 endpoint=endpoint_url)
@@ -166,7 +169,7 @@ class SglangDialect(Dialect):
         return ChunkStream(self, req, endpoint_url)
 
 
-def abort_error(finish_reason: Any, obj: dict[str, Any], endpoint_url: str | None,
+def abort_error(finish_reason: object, obj: Mapping[str, object], endpoint_url: str | None,
                 partial_text: str | None) -> ServerError | None:
     """A `finish_reason` of type `abort` is the scheduler ending the request: a typed error (the
     status code and message are the scheduler's own; 503 "The request queue is full." is admission)."""
@@ -187,7 +190,7 @@ class GenerateStream(ChunkStream):
     def __init__(self, dialect: SglangDialect, req: Request, endpoint_url: str | None) -> None:
         super().__init__(dialect, req, endpoint_url)
         self.text = ""
-        self.last_obj: dict[str, Any] | None = None
+        self.last_obj: SglangGenerateJson | None = None
         self.incremental = False
 
     payload_key: ClassVar[str] = "text"
@@ -196,7 +199,8 @@ class GenerateStream(ChunkStream):
     def partial_text(self) -> str:
         return self.text
 
-    def chunk(self, obj: dict[str, Any]) -> list[StreamDelta]:
+    def chunk(self, payload: Mapping[str, object]) -> list[StreamDelta]:
+        obj = cast(SglangGenerateJson, payload)
         meta = obj.get("meta_info") or {}
         abort = abort_error(meta.get("finish_reason"), obj, self.endpoint_url, self.text)
         if abort is not None:

@@ -9,7 +9,7 @@ refused here before sending; with temperature unset the model's generation confi
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from .._model import Request, Sampling
 from .._problems import Problem
@@ -68,8 +68,8 @@ class VllmDialect(Dialect):
                                field="vllm/temperature", engine=self.name))
         return out
 
-    def render_structured(self, s: Sampling, ep: str, body: dict[str, Any]) -> None:
-        so: dict[str, Any] = {}
+    def render_structured(self, s: Sampling, ep: str, body: dict[str, object]) -> None:
+        so: dict[str, object] = {}
         if s.guided_json is not None:
             so["json"] = schema_json(s.guided_json)
         if s.guided_regex is not None:
