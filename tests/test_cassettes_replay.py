@@ -130,6 +130,8 @@ def test_replay(c: Cassette, mode: str) -> None:
 def check_sent(c: Cassette, out: Outcome) -> None:
     """One call, one HTTP request; the SDK's body is the recorded one (what was recorded is what it sends)."""
     assert len(out.sent) == 1, f"{c.id}: {len(out.sent)} requests sent"
+    for name, value in c.request_headers.items():  # the SDK's own headers (x-request-id), as recorded
+        assert out.sent_headers[0].get(name) == value, f"{c.id}: the SDK now sends {name} differently"
     if c.op == "send":
         assert sent_json(out)[0] == request_json(c), f"{c.id}: the SDK now renders a different body"
     elif c.request_body is not None:

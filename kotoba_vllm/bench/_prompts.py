@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from .._edn import Form, read_file
@@ -74,9 +72,8 @@ def prepared(req: BenchRequest, *, base_url: str | None, max_tokens: int | None,
     sampling = req.sampling or Sampling()
     if sampling.max_tokens is None and max_tokens is not None:
         sampling = attrs.evolve(sampling, max_tokens=max_tokens)
-    changes: dict[str, Any] = {"stream": True, "base_url": base_url, "sampling": sampling}
-    if model is not None:  # the flag names what this run sends, over the file's own
-        changes["model"] = model
-    out = attrs.evolve(req, **changes)
+    # --model names what this run sends, over the file's own
+    out = attrs.evolve(req, stream=True, base_url=base_url, sampling=sampling,
+                       model=model if model is not None else req.model)
     return with_nonce(out, nonce) if nonce else out
 

@@ -5,9 +5,9 @@ endpoints. `completion_tokens / wall_clock` appears only beside the separated ra
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, Mapping
 
-from .._edn import kw
+from .._edn import Edn, Keyword, kw
 from ._metrics import Rate, ServerRates
 from ._runner import BenchReport
 from ._stats import Dist, Misleading, Pooled, Sample, Summary
@@ -17,15 +17,15 @@ MISLEADING_NOTE = ("completion_tokens / wall_clock: prefill, queueing and networ
 PROV = "vllm/provenance"
 
 
-def _k(d: dict[str, Any]) -> dict[Any, Any]:
+def _k(d: Mapping[str, Edn]) -> dict[Keyword, Edn]:
     return {kw(k): v for k, v in d.items()}
 
 
-def _dist(d: Dist) -> dict[Any, Any]:
+def _dist(d: Dist) -> dict[Keyword, Edn]:
     return _k({"bench/n": d.n, "bench/p50": d.p50, "bench/p90": d.p90, "bench/p99": d.p99, PROV: kw(d.provenance)})
 
 
-def _pooled(p: Pooled) -> dict[Any, Any]:
+def _pooled(p: Pooled) -> dict[Keyword, Edn]:
     return _k({"vllm/tokens": p.tokens, "vllm/ms": p.ms, "vllm/tokens-per-s": p.tokens_per_s,
                "bench/n": p.n, PROV: kw(p.provenance), "bench/inputs": kw(p.inputs)})
 
@@ -34,7 +34,7 @@ def _pooled_label(p: Pooled) -> str:
     return f"computed from {p.inputs} figures" if p.provenance == "computed" else p.provenance
 
 
-def _rate(r: Rate) -> dict[Any, Any]:
+def _rate(r: Rate) -> dict[Keyword, Edn]:
     return _k({"vllm/tokens": r.tokens, "bench/seconds": r.seconds, "vllm/tokens-per-s": r.tokens_per_s,
                PROV: kw(r.provenance), "bench/rate-source": r.source})
 
@@ -43,13 +43,13 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return round(ours / theirs, 4) if ours is not None and theirs else None
 
 
-def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Any, Any] | None:
+def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Keyword, Edn] | None:
     if s is None:
         return None
     if s.problem is not None:
         return _k({PROV: kw("unavailable"), "bench/problem": s.problem})
-    out = {"bench/source": f"{s.engine} /metrics read before and after the run",
-           "bench/prefill": _rate(s.prefill), "bench/decode": _rate(s.decode)}
+    out: dict[str, Edn] = {"bench/source": f"{s.engine} /metrics read before and after the run",
+                           "bench/prefill": _rate(s.prefill), "bench/decode": _rate(s.decode)}
     if s.ttft is not None:  # the server's own histogram: arrival -> first token, mean over the run
         out["bench/ttft-ms"] = _k({"bench/mean": s.ttft.ms, "bench/n": s.ttft.n})
     if s.note is not None:
@@ -61,12 +61,12 @@ def _server(s: ServerRates | None, row: Summary | None = None) -> dict[Any, Any]
     return _k(out)
 
 
-def _misleading(m: Misleading) -> dict[Any, Any]:
+def _misleading(m: Misleading) -> dict[Keyword, Edn]:
     return _k({"vllm/completion-tokens": m.completion_tokens, "bench/wall-s": m.wall_s,
                "vllm/tokens-per-s": m.tokens_per_s, "bench/note": MISLEADING_NOTE})
 
 
-def summary_edn(s: Summary) -> dict[Any, Any]:
+def summary_edn(s: Summary) -> dict[Keyword, Edn]:
     return _k({
         "bench/endpoint": s.endpoint, "bench/target": s.target, "bench/concurrency": s.concurrency,
         "bench/requests": s.requests, "bench/ok": s.ok,
@@ -82,7 +82,7 @@ def summary_edn(s: Summary) -> dict[Any, Any]:
         "bench/misleading-rate": _misleading(s.misleading)})
 
 
-def to_edn(report: BenchReport) -> dict[Any, Any]:
+def to_edn(report: BenchReport) -> dict[Keyword, Edn]:
     c = report.config
     return _k({
         "bench/started-at": report.started_at,

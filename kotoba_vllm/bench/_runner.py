@@ -11,7 +11,7 @@ import datetime as _dt
 import sys
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Sequence
 
 import attrs
 import httpx
@@ -78,7 +78,7 @@ async def _read_metrics(http: httpx.AsyncClient, base: str) -> dict[str, float] 
         return None
 
 
-async def _one(sender: Any, req: BenchRequest, target: str, conc: int) -> Sample:
+async def _one(sender: AsyncClient | AsyncPool, req: BenchRequest, target: str, conc: int) -> Sample:
     """One streamed request. TTFT and end-to-end are taken on bench's own clock from before the
     call, so a pool's admission probe counts (it is latency the caller sees)."""
     started = time.perf_counter()
@@ -146,7 +146,8 @@ async def run_async(config: BenchConfig, *, progress: bool = True) -> BenchRepor
                         sem = asyncio.Semaphore(conc)
                         sender = pools.get(target, client)
 
-                        async def go(i: int, target: str = target, conc: int = conc, sender: Any = sender) -> Sample:
+                        async def go(i: int, target: str = target, conc: int = conc,
+                                     sender: AsyncClient | AsyncPool = sender) -> Sample:
                             req = request(target, i, f"{run_id} {conc} {i}" if config.bust_cache else None)
                             async with sem:
                                 s = await _one(sender, req, target, conc)

@@ -5,7 +5,7 @@ counted as zero; `completion_tokens / wall_clock` exists only as the labelled mi
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 from urllib.parse import urlsplit
 
 import attrs
@@ -13,6 +13,9 @@ import attrs
 from .._errors import KotobaError
 from .._model import Figure, Response
 from .._timings import percentiles
+
+if TYPE_CHECKING:  # _metrics is read at run time only where rates exist
+    from ._metrics import ServerRates
 
 QS = (50, 90, 99)
 UNAVAILABLE = "unavailable"
@@ -192,7 +195,7 @@ class Summary:
     decode: Pooled
     prefill: Pooled
     misleading: Misleading
-    server: Any = None  # a `metrics.ServerRates` when the server's own counters were read
+    server: ServerRates | None = None  # when the server's own counters were read
 
 
 def wall_clock(samples: Sequence[Sample]) -> float | None:

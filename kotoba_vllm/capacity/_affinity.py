@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Hashable, Sequence
+from typing import Hashable, Sequence
 
 PROMPT_BLOCK = 256
-Key = tuple[str, Any]  # ("m", chained hash) a message prefix, ("p", chained hash) a prompt prefix, ("c", id)
+Key = tuple[str, int | str]  # ("m", chained hash) a message prefix, ("p", chained hash) a prompt prefix, ("c", id)
 
 
-def _fingerprint(x: Any) -> int:
+def _fingerprint(x: object) -> int:
     try:
         return hash(x)  # frozen attrs messages hash their fields; the table lives in this process only
     except TypeError:  # something unhashable inside: its text stands in
         return hash(repr(x))
 
 
-def message_prefix_keys(messages: Sequence[Any]) -> list[Key]:
+def message_prefix_keys(messages: Sequence[object]) -> list[Key]:
     """One key per prefix length 1..n; each key commits to every message before it."""
     h = 0
     out: list[Key] = []
@@ -35,7 +35,7 @@ def message_prefix_keys(messages: Sequence[Any]) -> list[Key]:
     return out
 
 
-def _chain(h: int, message: Any) -> int:
+def _chain(h: int, message: object) -> int:
     """The prefix hash `h` extended by one message."""
     return hash((h, _fingerprint(message)))
 
@@ -52,7 +52,7 @@ def prompt_prefix_keys(prompt: str | Sequence[int]) -> list[Key]:
     return out
 
 
-def request_keys(request: Any) -> list[Key]:
+def request_keys(request: object) -> list[Key]:
     messages = getattr(request, "messages", None)
     if messages:
         return message_prefix_keys(messages)
@@ -62,7 +62,7 @@ def request_keys(request: Any) -> list[Key]:
     return []
 
 
-def _earlier_keys(request: Any) -> list[Key]:
+def _earlier_keys(request: object) -> list[Key]:
     """`request_keys(request)[-2::-1]`: the keys of its strict prefixes, longest first (a one-message
     chat has none, and hashes nothing)."""
     messages = getattr(request, "messages", None)
@@ -79,7 +79,7 @@ class Affinity:
         self._max = max_entries
         self._lock = threading.Lock()
 
-    def lookup(self, request: Any, conversation: str | None = None) -> str | None:
+    def lookup(self, request: object, conversation: str | None = None) -> str | None:
         """The member for this conversation id, else for the longest known *earlier* turn: a
         strict prefix of this request. The same request again is independent (it spreads)."""
         if not conversation and len(getattr(request, "messages", None) or ()) == 1:
@@ -95,7 +95,7 @@ class Affinity:
                     return member
         return None
 
-    def remember(self, request: Any, member: str, conversation: str | None = None) -> None:
+    def remember(self, request: object, member: str, conversation: str | None = None) -> None:
         messages = getattr(request, "messages", None)
         if not conversation and messages and len(messages) == 1:  # a first turn (the common batch request)
             keys: list[Key] = [("m", _chain(0, messages[0]))]  # `message_prefix_keys`' one key, no prefix walk

@@ -15,8 +15,6 @@ unmeasured members separately.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from .._codec import BOOL, INT, KW, MANY, NESTED, NUM, STR, register

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
 from .._errors import BadNumber, Unparsable, redact
+from .._json import JsonValue
 
 _SNIPPET = 160
 
@@ -22,7 +23,7 @@ _SNIPPET = 160
 MAX_COUNT = 10**9
 
 
-def checked(name: str, value: Any, *, path: str = "/metrics") -> float:
+def checked(name: str, value: object, *, path: str = "/metrics") -> float:
     """`value` as a finite, non-negative, plausible figure, or BadNumber naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadNumber(f"GET {path}: {name} is not a number ({type(value).__name__})")
@@ -63,14 +64,15 @@ def failure(f: Fetched) -> str | None:
     return None
 
 
-def _json(body: bytes, path: str) -> Any:
+def _json(body: bytes, path: str) -> JsonValue:
     try:
-        return json.loads(body)
+        obj: JsonValue = json.loads(body)
+        return obj
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise Unparsable(f"GET {path}: not JSON ({e})") from None
 
 
-def json_body(f: Fetched) -> Any:
+def json_body(f: Fetched) -> JsonValue:
     """A probe's JSON answer, or Unparsable naming the path."""
     return _json(f.body, f.path)
 

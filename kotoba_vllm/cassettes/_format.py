@@ -6,10 +6,16 @@ A cassette is a file under `tests/cassettes/<engine>/NAME.edn`:
      :cassette/provenance {:cassette/how :recorded :cassette/engine-version ".." :cassette/build ".."
                            :cassette/date ".." :cassette/source ".."}
      :cassette/call {:call/op :send :call/request {...the SDK's EDN request...}}
-     :cassette/request {:http/method :post :http/path "/v1/chat/completions" :http/body "<JSON text>"}
+     :cassette/request {:http/method :post :http/path "/v1/chat/completions" :http/body "<JSON text>"
+                        :http/headers {"x-request-id" ".."}}  ; only the SDK's own request headers, when any
      :cassette/response {:http/status 200 :http/headers {"content-type" ".."}
                          :http/body "<text>"  |  :http/chunks ["data: ..." ...]  |  :http/chunks-b64 [..]}
-     :cassette/expect {...what replay asserts...}}
+     :cassette/expect {...what replay asserts...}
+     :cassette/engine-received [{"request_id" ".." "sampling_params" {..}} ...]}  ; fake-core recordings only
+
+`:cassette/engine-received` is what a faked engine core / scheduler was handed by the engine's own
+serving layer for this exchange (one map per engine request, as the fake wrote it): the proof that
+the serving code read the fields the SDK sent.
 
 Bodies are stored as text so they stay byte-faithful; a body or chunk list that is not valid
 UTF-8 (a TCP read can split a multi-byte character) is stored base64 under `-b64` keys.
@@ -54,6 +60,8 @@ class Cassette:
     chunks: tuple[bytes, ...] | None = None
     expect: dict[Keyword, Edn] = attrs.field(factory=dict)
     source_file: str | None = None
+    request_headers: dict[str, str] = attrs.field(factory=dict)
+    engine_received: tuple[Edn, ...] | None = None
 
     @property
     def how(self) -> str:
@@ -84,6 +92,8 @@ class Cassette:
         req: dict[Keyword, Edn] = {kw("http/method"): kw(self.method.lower()), kw("http/path"): self.path}
         if self.request_body is not None:
             req.update(_bytes_entry("http/body", self.request_body))
+        if self.request_headers:
+            req[kw("http/headers")] = dict(self.request_headers)
         resp: dict[Keyword, Edn] = {kw("http/status"): self.status, kw("http/headers"): dict(self.headers)}
         if self.chunks is not None:
             texts = _utf8_all(self.chunks)
@@ -93,10 +103,14 @@ class Cassette:
                 resp[kw("http/chunks-b64")] = [base64.b64encode(c).decode("ascii") for c in self.chunks]
         elif self.body is not None:
             resp.update(_bytes_entry("http/body", self.body))
-        return {kw("cassette/name"): self.name, kw("cassette/engine"): kw(self.engine),
-                kw("cassette/backend"): kw(self.backend), kw("cassette/provenance"): self.provenance,
-                kw("cassette/call"): self.call, kw("cassette/request"): req, kw("cassette/response"): resp,
-                kw("cassette/expect"): self.expect}
+        out: dict[Keyword, Edn] = {
+            kw("cassette/name"): self.name, kw("cassette/engine"): kw(self.engine),
+            kw("cassette/backend"): kw(self.backend), kw("cassette/provenance"): self.provenance,
+            kw("cassette/call"): self.call, kw("cassette/request"): req, kw("cassette/response"): resp,
+            kw("cassette/expect"): self.expect}
+        if self.engine_received is not None:
+            out[kw("cassette/engine-received")] = list(self.engine_received)
+        return out
 
 
 def _bytes_entry(key: str, raw: bytes) -> dict[Keyword, Edn]:
@@ -182,7 +196,18 @@ def cassette_from_edn(m: Edn, where: str = "<cassette>") -> Cassette:
         headers={str(k).lower(): str(v)
                  for k, v in _map(resp.get(kw("http/headers")) or {}, "http/headers", where).items()},
         body=None if chunks is not None else _bytes_from(resp, "http/body"), chunks=chunks,
-        expect=_map(top.get(kw("cassette/expect")) or {}, "cassette/expect", where), source_file=where)
+        expect=_map(top.get(kw("cassette/expect")) or {}, "cassette/expect", where), source_file=where,
+        request_headers={str(k).lower(): str(v)
+                         for k, v in _map(req.get(kw("http/headers")) or {}, "http/headers", where).items()},
+        engine_received=_received(top.get(kw("cassette/engine-received")), where))
+
+
+def _received(v: Edn, where: str) -> tuple[Edn, ...] | None:
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)):
+        raise CassetteError(f"{where}: :cassette/engine-received must be a vector of maps")
+    return tuple(v)
 
 
 def read_cassette(path: str | Path) -> Cassette:

@@ -47,6 +47,8 @@ class _Replay(asyncio.Protocol):
             return
         body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
         self.server.sent.append(body)
+        self.server.sent_headers.append({name.strip(): value.strip() for name, _, value in
+                                         (line.partition(":") for line in head.split("\r\n")[1:])})
         self.server.answering(asyncio.get_running_loop().create_task(self._answer()))
 
     async def _answer(self) -> None:
@@ -72,11 +74,13 @@ class _Replay(asyncio.Protocol):
 
 
 class LoopbackReplay:
-    """`with LoopbackReplay(cassette) as srv:` — `srv.base_url`, and `srv.sent` (request bodies)."""
+    """`with LoopbackReplay(cassette) as srv:` — `srv.base_url`, `srv.sent` (request bodies) and
+    `srv.sent_headers`."""
 
     def __init__(self, cassette: Cassette) -> None:
         self.cassette = cassette
         self.sent: list[bytes] = []
+        self.sent_headers: list[dict[str, str]] = []  # each request's headers, names lower-cased
         self.base_url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="cassette-loopback")

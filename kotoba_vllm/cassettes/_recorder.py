@@ -246,22 +246,23 @@ class _Load:
 VERSION_PROBES = {"vllm": ("/version", "version"), "sglang": ("/server_info", "version")}
 
 
-def _wire(ex: Exchange, backend: str) -> tuple[str, str, bytes | None, str | None]:
-    """(method, path, body bytes, endpoint): the SDK's own rendering for `send`."""
+def _wire(ex: Exchange, backend: str) -> tuple[str, str, bytes | None, str | None, dict[str, str]]:
+    """(method, path, body bytes, endpoint, headers): the SDK's own rendering for `send`."""
     if ex.op != "send":
-        return ex.method, ex.path, ex.body, None
+        return ex.method, ex.path, ex.body, None, {}
     assert ex.request is not None
     req, problems = request_from_edn(ex.request)
     if req is None:
         raise ValidationError(problems)
     http = get_dialect(backend).render(req)
     body = None if http.body is None else json.dumps(http.body, ensure_ascii=False, separators=(",", ":")).encode()
-    return http.method, http.path, body, req.endpoint
+    return http.method, http.path, body, req.endpoint, {k.lower(): v for k, v in (http.headers or {}).items()}
 
 
 def capture(client: httpx.Client, base_url: str, method: str, path: str,
-            body: bytes | None) -> tuple[int, dict[str, str], list[bytes]]:
+            body: bytes | None, sent_headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], list[bytes]]:
     headers = {"content-type": "application/json", "accept": "application/json"} if body is not None else {}
+    headers.update(sent_headers or {})  # the dialect's own (x-request-id)
     # Uncompressed: the bytes are kept as read (iter_raw), and SGLang's /metrics gzips when asked.
     headers["accept-encoding"] = "identity"
     with client.stream(method, base_url.rstrip("/") + path, content=body, headers=headers) as r:
@@ -269,6 +270,27 @@ def capture(client: httpx.Client, base_url: str, method: str, path: str,
         kept = {k: r.headers[k] for k in KEPT_HEADERS if k in r.headers and k not in ("content-length",
                                                                                      "transfer-encoding")}
         return r.status_code, kept, chunks
+
+
+class EngineLog:
+    """The JSON lines a faked engine core / scheduler appends, one per request it is handed
+    (tests/recording/*_fake_*.py, KOTOBA_FAKE_RECEIVED): each exchange takes the lines written while
+    it ran, so a cassette carries what the engine's own serving layer passed on."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.seen = self.path.stat().st_size if self.path.exists() else 0
+
+    def since_last(self, settle_s: float = 0.3) -> tuple[Edn, ...]:
+        time.sleep(settle_s)  # the scheduler process writes its line on its own clock
+        if not self.path.exists():
+            return ()
+        with open(self.path, "rb") as f:
+            f.seek(self.seen)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next exchange
+        self.seen += end
+        return tuple(json.loads(line) for line in data[:end].splitlines() if line.strip())
 
 
 def server_build(client: httpx.Client, base_url: str, engine: str) -> str | None:
@@ -283,7 +305,7 @@ def server_build(client: httpx.Client, base_url: str, engine: str) -> str | None
 
 
 def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str | None = None,
-           source: str = "", simulated: str | None = None,
+           source: str = "", simulated: str | None = None, engine_log: str | Path | None = None,
            log: Callable[[str], None] = lambda s: None) -> list[Cassette]:
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     out = []
@@ -293,11 +315,12 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
         reported = server_build(client, base_url, engine)
         fingerprint = None
         load: _Load | None = None
+        received = EngineLog(engine_log) if engine_log is not None else None
         for i, ex in enumerate(exchanges):
             if ex.load and load is None:
                 load = _Load(base_url, ex.load)
-            method, path, body, endpoint = _wire(ex, engine)
-            status, headers, chunks = capture(client, base_url, method, path, body)
+            method, path, body, endpoint, sent_headers = _wire(ex, engine)
+            status, headers, chunks = capture(client, base_url, method, path, body, sent_headers)
             ctype = headers.get("content-type", "")
             streaming = "text/event-stream" in ctype
             raw = b"".join(chunks)
@@ -316,7 +339,8 @@ def record(base_url: str, engine: str, exchanges: list[Exchange], *, build: str 
             out.append(Cassette(name=ex.name, engine=engine, backend=engine, provenance={}, call=call,
                                 method=method, path=path, request_body=body, status=status, headers=headers,
                                 body=None if streaming else raw, chunks=tuple(chunks) if streaming else None,
-                                expect=expect))
+                                expect=expect, request_headers=sent_headers,
+                                engine_received=received.since_last() if received is not None else None))
             log(f"{ex.name}: HTTP {status} {method} {path} ({len(chunks)} chunk(s), {len(raw)} bytes)")
             if load is not None and (i + 1 == len(exchanges) or exchanges[i + 1].load != ex.load):
                 load.join()

@@ -56,6 +56,7 @@ class Outcome:
     error: KotobaError | None = None
     deltas: list[StreamDelta] = attrs.field(factory=list)
     sent: list[bytes] = attrs.field(factory=list)
+    sent_headers: list[dict[str, str]] = attrs.field(factory=list)  # names lower-cased
     streamed: bool = False
     raw: bytes | None = None  # probe / raw ops: the body the client's transport read
 
@@ -64,6 +65,10 @@ def _mock(c: Cassette) -> tuple[respx.MockRouter, respx.Route]:
     router = respx.mock(assert_all_called=False, assert_all_mocked=True)
     route = router.route(method=c.method, url=BASE_URL + c.path).mock(side_effect=lambda req: http_response(c))
     return router, route
+
+
+def _heads(request: httpx.Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
 
 
 def _request_map(c: Cassette) -> dict[Keyword, Edn]:
@@ -81,11 +86,12 @@ def replay_sync(c: Cassette, wire: str = "default") -> Outcome:
         with router, httpx.Client() as http, Client(BASE_URL, backend=c.backend, http_client=http) as client:
             out = _drive_sync(c, client, BASE_URL)
             out.sent = [call.request.content for call in route.calls]  # respx forgets calls on exit
+            out.sent_headers = [_heads(call.request) for call in route.calls]
         return out
     with LoopbackReplay(c) as srv:
         with Client(srv.base_url, backend=c.backend) as client:
             out = _drive_sync(c, client, srv.base_url)
-        out.sent = list(srv.sent)
+        out.sent, out.sent_headers = list(srv.sent), list(srv.sent_headers)
     return out
 
 
@@ -127,11 +133,12 @@ async def replay_async(c: Cassette, wire: str = "default") -> Outcome:
                 out = await _drive_async(c, client, BASE_URL)
             await http.aclose()
             out.sent = [call.request.content for call in route.calls]
+            out.sent_headers = [_heads(call.request) for call in route.calls]
         return out
     with LoopbackReplay(c) as srv:
         async with AsyncClient(srv.base_url, backend=c.backend) as client:
             out = await _drive_async(c, client, srv.base_url)
-        out.sent = list(srv.sent)
+        out.sent, out.sent_headers = list(srv.sent), list(srv.sent_headers)
     return out
 
 

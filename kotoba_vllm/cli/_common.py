@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Iterator, TextIO
+from typing import Iterator, TextIO
 
 import attrs
 import httpx
 
 from .._base_client import API_KEY_ENV, USER_AGENT
-from .._edn import EdnError, Form, dumps, kw, pretty
+from .._edn import Edn, EdnError, Form, Keyword, dumps, kw, pretty
 from .._errors import register_secret
 from .._model import BACKENDS
 from .._wire import SyncWire, default_sync_wire
@@ -70,7 +70,7 @@ def load_entries(path: str) -> list[Entry]:
     return list(iter_request_entries(path))
 
 
-def emit(value: Any, out: TextIO | None = None, *, pretty_print: bool = False) -> None:
+def emit(value: object, out: TextIO | None = None, *, pretty_print: bool = False) -> None:
     out = out or sys.stdout
     out.write((pretty(value) if pretty_print else dumps(value)) + "\n")
     out.flush()
@@ -80,7 +80,7 @@ def edn_error_line(e: EdnError) -> str:
     return f"error: {e}"
 
 
-def problem_record(entry: Entry, problems: list[Problem] | tuple[Problem, ...]) -> dict[Any, Any]:
+def problem_record(entry: Entry, problems: list[Problem] | tuple[Problem, ...]) -> dict[Keyword, Edn]:
     return {kw("vllm/error"): kw("validation"), kw("vllm/request-index"): entry.index,
             kw("vllm/where"): entry.where, kw("vllm/problems"): [p.to_edn() for p in problems]}
 

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any
+from typing import Callable
 
 from kotoba_vllm._edn import dumps, kw
 from kotoba_vllm.local import LlamaServer, LocalServerError, build_string, describe_exit
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                          startup_timeout=args.startup_timeout, log_path=args.log)
     # SIGTERM and SIGINT must unwind through `finally` so the server is stopped;
     # SIGINT too because a shell starts `cmd &` with SIGINT ignored.
-    previous: dict[signal.Signals, Any] = {}
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, _on_signal)

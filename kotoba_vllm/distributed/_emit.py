@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import attrs
 
 from .._edn import Edn, Keyword, kw
 from ._flags import CHECKED_ENGINES, engine_flags
-from ._planner import Plan
+from ._planner import NodePlan, Plan
 
 RAY_PORT = 6379
 SGLANG_DIST_PORT = 5000  # --dist-init-addr port when the head node names none
@@ -70,7 +70,7 @@ def _vllm_speculative(plan: Plan) -> list[str]:
     sp = plan.speculative
     if sp is None:
         return []
-    cfg: dict[str, Any] = {"method": VLLM_SPEC_METHODS[sp.method],
+    cfg: dict[str, str | int] = {"method": VLLM_SPEC_METHODS[sp.method],
                            "num_speculative_tokens": sp.tokens or DEFAULT_SPEC_TOKENS}
     if sp.draft_model:
         cfg["model"] = sp.draft_model
@@ -206,7 +206,7 @@ def _vllm_dp_nodes(plan: Plan, b: Mapping[str, str], core: list[str]) -> list[Co
     return cmds
 
 
-def _serve_port(plan: Plan, n: Any) -> int:
+def _serve_port(plan: Plan, n: NodePlan) -> int:
     return int(n.serve_port or plan.port + 1 + n.rank)
 
 

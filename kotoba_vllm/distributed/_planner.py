@@ -8,7 +8,7 @@ a tensor group's ring all-reduce crosses the same pairs).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypedDict
 
 import attrs
 
@@ -147,7 +147,16 @@ def _on(obs: LinkObservation, b: tuple[str, str]) -> bool:
     return {obs.from_, obs.to} == set(b)  # a link is measured in one direction, used in both
 
 
-def link_evidence(nodes: Sequence[NodeSpec], links: Sequence[LinkObservation]) -> dict[str, Any]:
+class LinkEvidence(TypedDict):
+    evidence: str  # measured | unverified | partial | none
+    link_mbps: float  # the gated speed: the slowest verified boundary's, 0 unless every boundary is measured
+    expected: tuple[tuple[str, str], ...]  # every boundary between adjacent nodes
+    observed: tuple[tuple[str, str], ...]  # those with a receiver-verified transfer
+    failed: tuple[tuple[str, str], ...]  # those with failed transfers only
+    slowest: LinkObservation | None
+
+
+def link_evidence(nodes: Sequence[NodeSpec], links: Sequence[LinkObservation]) -> LinkEvidence:
     """Evidence class, gated speed, coverage and the slowest verified boundary."""
     need = boundaries(nodes)
     verified: dict[tuple[str, str], LinkObservation] = {}

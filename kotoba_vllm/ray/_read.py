@@ -11,7 +11,7 @@ Parquet rows keep their own columns and must hold a `request` column or the batc
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +20,15 @@ import pyarrow.parquet as pq
 from .._errors import ConfigError
 from ._rows import INDEX, REQUEST, WHERE
 from ._spans import Span, plan_edn, plan_jsonl, read_edn_span, read_jsonl_span
+
+if TYPE_CHECKING:  # the ray extra; without it these are Any, as pyarrow always is (no types)
+    from numpy.typing import NDArray
+    from ray.data import Dataset
+    from ray.data.block import BlockMetadata
+    from ray.data.context import DataContext
+    from ray.data.datasource import Datasource, ReadTask
+
+    Indices = Optional[NDArray[np.int64]]  # sorted request indices (--resume), or none
 
 FORMATS = ("edn", "jsonl", "parquet")
 
@@ -32,7 +41,7 @@ def detect_input_format(path: str, fmt: str | None = None) -> str:
     return "jsonl" if path.endswith((".jsonl", ".ndjson")) else "edn"
 
 
-def _skip_within(skip: Any, first: int, rows: int) -> Any:
+def _skip_within(skip: Indices, first: int, rows: int) -> Indices:
     """The part of the sorted `skip` array that falls in [first, first + rows): a read task carries
     only its own share, never the whole --resume list."""
     if skip is None or len(skip) == 0:
@@ -41,7 +50,7 @@ def _skip_within(skip: Any, first: int, rows: int) -> Any:
     return skip[lo:hi]
 
 
-def _span_block(path: str, fmt: str, span: Span, skip: Any) -> Iterator[Any]:
+def _span_block(path: str, fmt: str, span: Span, skip: Indices) -> Iterator[pa.Table]:
     """One block: the span's requests, numbered from its first index, minus those in `skip`."""
     rows = list(read_edn_span(path, span) if fmt == "edn" else read_jsonl_span(path, span))
     if len(rows) != span.rows:  # the plan and the read cut the same bytes with the same scanner
@@ -54,7 +63,7 @@ def _span_block(path: str, fmt: str, span: Span, skip: Any) -> Iterator[Any]:
                     WHERE: [r[1] for r, k in zip(rows, keep) if k]})
 
 
-def _parquet_blocks(path: str, groups: list[int], first: int, block_rows: int, skip: Any) -> Iterator[Any]:
+def _parquet_blocks(path: str, groups: list[int], first: int, block_rows: int, skip: Indices) -> Iterator[pa.Table]:
     f = pq.ParquetFile(path)
     start = first
     for g in groups:
@@ -76,7 +85,8 @@ def plan_spans(path: str, fmt: str, block_rows: int) -> list[Span]:
     return list(plan_edn(path, block_rows) if fmt == "edn" else plan_jsonl(path, block_rows))
 
 
-def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 256, skip: Any = None) -> Any:
+def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 256,
+                       skip: Indices = None) -> Datasource:
     """A `ray.data.Datasource` for a request file (use with `ray.data.read_datasource`). EDN and JSONL
     are planned here, on the driver (`EdnError` for a file whose shape is broken): one read task
     and one block per `block_rows` requests, each numbered on its own."""
@@ -90,13 +100,13 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
         raise ConfigError("block_rows must be >= 1")
     spans = plan_spans(path, kind, block_rows) if kind != "parquet" else []
 
-    def _parquet_task(groups: list[int], first: int, mine: Any) -> Callable[[], Iterator[Any]]:
+    def _parquet_task(groups: list[int], first: int, mine: Indices) -> Callable[[], Iterator[pa.Table]]:
         return lambda: _parquet_blocks(path, groups, first, block_rows, mine)
 
-    def _span_task(span: Span, mine: Any) -> Callable[[], Iterator[Any]]:
+    def _span_task(span: Span, mine: Indices) -> Callable[[], Iterator[pa.Table]]:
         return lambda: _span_block(path, kind, span, mine)
 
-    def _meta(rows: int | None, size: int | None) -> Any:
+    def _meta(rows: int | None, size: int | None) -> BlockMetadata:
         return BlockMetadata(num_rows=rows, size_bytes=size, exec_stats=None, input_files=(path,))
 
     class RequestFile(Datasource):  # type: ignore[misc, unused-ignore]  # Any without the ray extra
@@ -107,9 +117,9 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
             return os.path.getsize(path)
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                           data_context: Any = None) -> list[Any]:
+                           data_context: DataContext | None = None) -> list[ReadTask]:
             if kind != "parquet":
-                tasks = []
+                tasks: list[ReadTask] = []
                 for span in spans:
                     mine = _skip_within(skip, span.first, span.rows)
                     left = span.rows - (0 if mine is None else len(mine))
@@ -129,14 +139,14 @@ def request_datasource(path: str, fmt: str | None = None, *, block_rows: int = 2
     return RequestFile()  # type: ignore[no-untyped-call, unused-ignore]  # ray's Datasource.__init__ is untyped
 
 
-def read_requests(path: str, fmt: str | None = None, *, block_rows: int = 256, skip: Any = None,
-                  read_cpus: float = 0.25) -> Any:
+def read_requests(path: str, fmt: str | None = None, *, block_rows: int = 256, skip: Indices = None,
+                  read_cpus: float = 0.25) -> Dataset:
     """`ray.data.Dataset` of numbered requests from an EDN, JSONL or Parquet file: blocks of
     `block_rows` adjacent requests (Parquet: of at most `block_rows`, within a row group)."""
     import ray.data
     # Reading is light: a quarter CPU, so a small node with request actors on it can still read.
-    ds = ray.data.read_datasource(request_datasource(path, fmt, block_rows=block_rows, skip=skip),
-                                  num_cpus=read_cpus)
+    ds: Dataset = ray.data.read_datasource(request_datasource(path, fmt, block_rows=block_rows, skip=skip),
+                                           num_cpus=read_cpus)
     if detect_input_format(path, fmt) != "parquet":
         return ds  # a task per span, a block per task: already cut and numbered
     return ds.repartition(target_num_rows_per_block=block_rows, strict=True)

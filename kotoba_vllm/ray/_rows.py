@@ -11,10 +11,11 @@ A row's request is one of
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Mapping, cast
 
 from .._edn import EdnError, Keyword
 from .._errors import AdmissionRejected, ConfigError, KotobaError, ValidationError
+from .._model import Figure
 from .._requests import request_from_edn
 from .._validate import request_problems
 from ..batch import BatchEntry, Recorder, entry_from_form, line_to_entry, read_located, syntax_entry
@@ -43,7 +44,7 @@ _RECORDER = Recorder("edn")
 _LINES = Recorder("jsonl")
 
 
-def _drop_nulls(v: Any) -> Any:
+def _drop_nulls(v: object) -> object:
     # A JSON struct column fills fields other rows have with nulls; absent and null mean the same to OpenAI.
     if isinstance(v, dict):
         return {k: _drop_nulls(x) for k, x in v.items() if x is not None}
@@ -72,7 +73,7 @@ def _edn_text_entry(index: int, text: str, where: str | None) -> BatchEntry:
     return entry_from_form(index, forms[0])
 
 
-def entry_from_value(index: int, value: Any, where: str | None = None) -> BatchEntry:
+def entry_from_value(index: int, value: object, where: str | None = None) -> BatchEntry:
     """The entry for one row's request value (see the module docstring for the shapes)."""
     at = where or f"<row {index}>"
     if isinstance(value, bytes):
@@ -102,12 +103,12 @@ def entry_from_value(index: int, value: Any, where: str | None = None) -> BatchE
                               f"got {type(value).__name__}", where=at),))
 
 
-def entry_from_row(row: Mapping[str, Any]) -> BatchEntry:
+def entry_from_row(row: Mapping[str, object]) -> BatchEntry:
     """A row with `request_index` and either a `request` column or the batch JSONL columns."""
     index = row.get(INDEX)
     if not isinstance(index, int) or isinstance(index, bool):
         raise ConfigError(f"every row needs an integer {INDEX!r} column (the readers in kotoba_vllm.ray add it)")
-    where = row.get(WHERE)
+    where = cast("str | None", row.get(WHERE))  # the readers write it as text, or leave it out
     if REQUEST in row:
         return entry_from_value(index, row[REQUEST], where)
     return entry_from_value(index, {k: row[k] for k in _BATCH_LINE_KEYS if k in row}, where)
@@ -116,15 +117,15 @@ def entry_from_row(row: Mapping[str, Any]) -> BatchEntry:
 # ------------------------------------------------------------------ outcomes -> columns
 
 
-def _base(e: BatchEntry) -> dict[str, Any]:
-    out = dict.fromkeys(COLUMNS)
+def _base(e: BatchEntry) -> dict[str, object]:
+    out: dict[str, object] = dict.fromkeys(COLUMNS)
     rid = e.custom_id if e.custom_id is not None else e.request_id
     out["request_id"] = None if rid is None else str(rid)
     out["sent"] = out["maybe_sent_twice"] = False
     return out
 
 
-def _figure(out: dict[str, Any], prefix: str, fig: Any) -> None:
+def _figure(out: dict[str, object], prefix: str, fig: Figure) -> None:
     out[f"{prefix}_provenance"] = fig.provenance
     out[f"{prefix}_tokens"] = fig.tokens
     out[f"{prefix}_ms"] = fig.ms
@@ -133,7 +134,7 @@ def _figure(out: dict[str, Any], prefix: str, fig: Any) -> None:
     out[f"{prefix}_computed_from"] = ",".join(fig.computed_from) if fig.computed_from else None
 
 
-def ok_columns(e: BatchEntry, resp: Any) -> dict[str, Any]:
+def ok_columns(e: BatchEntry, resp: object) -> dict[str, object]:
     out = _base(e)
     out.update(ok=True, sent=True, record=_RECORDER.ok(e, resp, [])[-1])
     out["text"] = getattr(resp, "text", None)
@@ -153,7 +154,7 @@ def ok_columns(e: BatchEntry, resp: Any) -> dict[str, Any]:
     return out
 
 
-def error_columns(e: BatchEntry, err: KotobaError) -> dict[str, Any]:
+def error_columns(e: BatchEntry, err: KotobaError) -> dict[str, object]:
     out = _base(e)
     out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err)[-1])
     out["sent"] = not isinstance(err, ValidationError) and getattr(err, "sent", True)
@@ -162,13 +163,13 @@ def error_columns(e: BatchEntry, err: KotobaError) -> dict[str, Any]:
     return out
 
 
-def invalid_columns(e: BatchEntry) -> dict[str, Any]:
+def invalid_columns(e: BatchEntry) -> dict[str, object]:
     out = _base(e)
     out.update(ok=False, error="validation", record=_RECORDER.invalid(e)[-1])
     return out
 
 
-def batch_line(e: BatchEntry, outcome: Any) -> str:
+def batch_line(e: BatchEntry, outcome: object) -> str:
     """The run-batch JSONL line `run` writes for `e`: `outcome` is the response, the typed error, or None
     (invalid: nothing was sent)."""
     if outcome is None:
@@ -178,7 +179,7 @@ def batch_line(e: BatchEntry, outcome: Any) -> str:
     return _LINES.ok(e, outcome, [])[-1]
 
 
-def flag_maybe_sent_twice(cols: dict[str, Any]) -> dict[str, Any]:
+def flag_maybe_sent_twice(cols: dict[str, object]) -> dict[str, object]:
     """Mark a record whose request an earlier attempt may already have delivered. The record is the text
     of one EDN map, so the key goes in front of its first key; the batch line says it in its `kotoba` object."""
     rec = cols["record"]

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections import Counter
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -25,7 +25,32 @@ from ..batch import FormStream
 from ..batch._jsonl import line_index
 from ._rows import INDEX
 
+if TYPE_CHECKING:  # the ray extra; without it these are Any, as pyarrow always is (no types)
+    import pyarrow as pa
+    from numpy.typing import NDArray
+    from ray.data.block import Block
+    from ray.data.datasource.datasink import WriteResult
+
 BATCH_LINE = "batch_line"
+
+
+class BlockStats(TypedDict):
+    """What a summary counts, for one block of output rows."""
+
+    outcomes: dict[str, int]  # outcome kind -> rows
+    rows: int
+    sent: int
+    maybe_sent_twice: int
+
+
+class SinkStats(TypedDict):
+    """The counts of every block written, merged (`files`: part files)."""
+
+    outcomes: Counter[str]
+    rows: int
+    sent: int
+    maybe_sent_twice: int
+    files: int
 
 FORMATS = ("jsonl", "parquet", "edn")
 _PART = re.compile(r"part-(\d+)-(\d+)\.(jsonl|parquet|edn)$")
@@ -45,7 +70,7 @@ def part_files(directory: str) -> list[tuple[int, int, str]]:
     return sorted(out)
 
 
-def _write_table(table: Any, path: str, fmt: str) -> None:
+def _write_table(table: pa.Table, path: str, fmt: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     if fmt == "parquet":
         i = table.schema.get_field_index(BATCH_LINE)
@@ -57,7 +82,7 @@ def _write_table(table: Any, path: str, fmt: str) -> None:
     os.replace(tmp, path)
 
 
-def _runs(table: Any) -> list[Any]:
+def _runs(table: pa.Table) -> list[pa.Table]:
     """The table (sorted by index) cut where the index skips: a file holds every index of its range,
     so the ranges of any two files never overlap (inputs skipped by --resume are in older files)."""
     index = table.column(INDEX).to_numpy()
@@ -66,8 +91,7 @@ def _runs(table: Any) -> list[Any]:
     return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
-def block_stats(table: Any) -> dict[str, Any]:
-    """What a summary counts, for one block of output rows."""
+def block_stats(table: pa.Table) -> BlockStats:
     outcomes: Counter[str] = Counter()
     for ok, err in zip(table.column("ok").to_pylist(), table.column("error").to_pylist()):
         outcomes["ok" if ok else (err or "error")] += 1
@@ -78,25 +102,26 @@ def block_stats(table: Any) -> dict[str, Any]:
 
 def records_datasink(directory: str, fmt: str) -> Any:
     """A `ray.data.Datasink` writing part files into `directory`; `.stats` holds the merged counts
-    after `write_datasink` returns."""
+    after `write_datasink` returns. Any: a Datasink with a `stats` attribute (its class is made here, where
+    ray is imported), which no annotation outside this function can name."""
     from ray.data.block import BlockAccessor
     from ray.data.datasource import Datasink
 
     if fmt not in FORMATS:
         raise ConfigError(f"output format must be one of {', '.join(FORMATS)}")
 
-    class RecordFiles(Datasink[list[dict[str, Any]]]):  # type: ignore[misc, unused-ignore]  # Any without ray
+    class RecordFiles(Datasink[list[BlockStats]]):  # type: ignore[misc, unused-ignore]  # Any without ray
         def __init__(self) -> None:
-            self.stats: dict[str, Any] = {"outcomes": Counter(), "rows": 0, "sent": 0, "maybe_sent_twice": 0,
+            self.stats: SinkStats = {"outcomes": Counter(), "rows": 0, "sent": 0, "maybe_sent_twice": 0,
                                           "files": 0}
 
         def get_name(self) -> str:
             return "RecordFiles"
 
-        def on_write_start(self, schema: Any = None) -> None:
+        def on_write_start(self, schema: pa.Schema | None = None) -> None:
             os.makedirs(directory, exist_ok=True)
 
-        def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:
+        def write(self, blocks: Iterable[Block], ctx: object) -> list[BlockStats]:
             out = []
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
@@ -110,12 +135,13 @@ def records_datasink(directory: str, fmt: str) -> Any:
                     out.append(block_stats(run))
             return out
 
-        def on_write_complete(self, write_result: Any) -> None:
+        def on_write_complete(self, write_result: WriteResult[list[BlockStats]]) -> None:
             for per_task in write_result.write_returns:
                 for s in per_task:
                     self.stats["outcomes"].update(s["outcomes"])
-                    for k in ("rows", "sent", "maybe_sent_twice"):
-                        self.stats[k] += s[k]
+                    self.stats["rows"] += s["rows"]
+                    self.stats["sent"] += s["sent"]
+                    self.stats["maybe_sent_twice"] += s["maybe_sent_twice"]
                     self.stats["files"] += 1
 
     return RecordFiles()
@@ -127,7 +153,7 @@ def _line_index(line: str) -> int:
     return i if i is not None else int(json.loads(line)[INDEX])
 
 
-def done_indices(directory: str) -> Any:
+def done_indices(directory: str) -> NDArray[np.int64]:
     """Sorted indices that already have a record in `directory` (numpy int64): what `--resume` skips."""
     parts = []
     for _, _, path in part_files(directory):

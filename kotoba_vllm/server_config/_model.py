@@ -19,7 +19,7 @@ An endpoint nobody could read is unmeasured as a whole, with its reason and no f
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import attrs
 
@@ -201,7 +201,7 @@ def _bad(msg: str) -> StructureError:
     return StructureError([Problem("error", "config/shape", msg)])
 
 
-def _map(v: Edn, what: str) -> dict[Any, Any]:
+def _map(v: Edn, what: str) -> Mapping[object, Edn]:
     if not isinstance(v, dict):
         raise _bad(f"{what} must be a map")
     return v

@@ -9,16 +9,18 @@ defaulted or guessed: vLLM's "None" labels are absent, not zero.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Final, Mapping, Sequence, cast
 
 import attrs
 
 from .._codec import json_to_edn
 from .._edn import Edn
 from .._errors import REDACTED, BadNumber, Unparsable
+from .._json import JsonObject, JsonValue
 from ..capacity._parse import (MAX_COUNT, Fetched, Sample, failure, json_body, llamacpp_total_slots,
                                prometheus_samples, sglang_max_running)
 from ._model import (NOT_REPORTED, REPORTED, ConfigField, Probe, ServerConfig, Source, reported, unmeasured)
@@ -81,35 +83,35 @@ SERVER_INFO = ("/server_info", "/get_server_info")
 
 # ---------------------------------------------------------------- value kinds
 
-def _count(v: Any) -> int | None:
+def _count(v: object) -> int | None:
     return v if type(v) is int and 0 <= v <= MAX_COUNT * 1000 else None  # token and byte counts run large
 
 
-def _text(v: Any) -> str | None:
+def _text(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _flag(v: Any) -> bool | None:
+def _flag(v: object) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
-def _fraction(v: Any) -> float | None:
+def _fraction(v: object) -> float | None:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
-    return float(v) if ok else None
+    return float(v) if ok and isinstance(v, (int, float)) else None
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-    return float(v) if ok else None
+    return float(v) if ok and isinstance(v, (int, float)) else None
 
 
-def _json_value(v: Any) -> Edn:
+def _json_value(v: JsonValue) -> Edn:
     return json_to_edn(v)
 
 
 # A kind turns what the server said into the field's value, or None when it is not that kind
 # (then the field is unmeasured: the server said something we cannot read as it).
-Kind = Callable[[Any], Any]
+Kind = Callable[[JsonValue], Edn]
 NULLABLE = {"speculative-algorithm", "speculative-draft-model", "speculative-draft-tokens", "quantization",
             "model-alias", "disaggregation-mode"}
 
@@ -213,7 +215,7 @@ def is_secret_key(name: str) -> bool:
     return bool(SECRET_PART.search(name))
 
 
-def redact_secrets(v: Any) -> Any:
+def redact_secrets(v: JsonValue) -> JsonValue:
     """JSON data with every secret-named key's text value replaced (nested maps and lists too)."""
     if isinstance(v, dict):
         return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and isinstance(x, str) and x
@@ -239,10 +241,14 @@ def redacted_body(raw: bytes) -> bytes:
 # ---------------------------------------------------------------- reading
 
 
-_ABSENT = object()
+class _Absent(enum.Enum):
+    ABSENT = 0  # the server's answer has no such key (an enum member, so a type checker can tell it apart)
 
 
-def _dig(obj: Any, key: Sequence[str | int]) -> Any:
+_ABSENT: Final = _Absent.ABSENT
+
+
+def _dig(obj: JsonValue, key: Sequence[str | int]) -> JsonValue | _Absent:
     for k in key:
         if isinstance(k, int) and isinstance(obj, list) and 0 <= k < len(obj):
             obj = obj[k]
@@ -253,7 +259,7 @@ def _dig(obj: Any, key: Sequence[str | int]) -> Any:
     return obj
 
 
-def _label_value(text: str) -> Any:
+def _label_value(text: str) -> JsonValue | _Absent:
     """An info gauge's label as the value it spells: "None" is absent, "True"/"False" booleans, numbers numbers."""
     if text in ("None", ""):
         return _ABSENT
@@ -261,7 +267,8 @@ def _label_value(text: str) -> Any:
         return text == "True"
     for conv in (int, float):
         try:
-            return conv(text)
+            out: JsonValue = conv(text)
+            return out
         except ValueError:
             continue
     return text
@@ -272,7 +279,7 @@ class _Answers:
 
     def __init__(self, backend: str, got: Mapping[str, Fetched]) -> None:
         self.got = got
-        self.json: dict[str, Any] = {}
+        self.json: dict[str, JsonValue] = {}
         self.samples: dict[str, list[Sample]] = {}
         self.why: dict[str, str] = {}
         for path, f in got.items():
@@ -346,11 +353,12 @@ def _llamacpp_extras(a: _Answers, fields: dict[str, ConfigField]) -> None:
             fields["slots"] = unmeasured(str(e))
     slots = a.json.get("/slots")
     # A slot that has served a request carries the --spec-type it ran with in its params.
-    served = [i for i, x in enumerate(slots if isinstance(slots, list) else [])
-              if isinstance(x, dict) and isinstance(x.get("params"), dict) and "speculative.types" in x["params"]]
-    if served and isinstance(slots, list):
+    served = [(i, params) for i, x in enumerate(slots if isinstance(slots, list) else [])
+              if isinstance(x, dict) and isinstance(params := x.get("params"), dict) and "speculative.types" in params]
+    if served:
+        i, params = served[0]
         fields["speculative-algorithm"] = reported(
-            slots[served[0]]["params"]["speculative.types"], Source("/slots", (served[0], "params", "speculative.types")),
+            params["speculative.types"], Source("/slots", (i, "params", "speculative.types")),
             "llama.cpp --spec-type of a slot that has served (\"none\" alone: off)")
     if "/slots" in a.why:
         fields["slot-contexts"] = unmeasured(a.why["/slots"])
@@ -375,7 +383,7 @@ def _sglang_extras(a: _Answers, fields: dict[str, ConfigField]) -> None:
         fields["max-running"] = fields["prefix-caching?"] = unmeasured(a.why[SGLANG])
         return
     path = a.path_of(SGLANG)
-    info = a.json[SGLANG]
+    info = cast(JsonObject, a.json[SGLANG])  # __init__ keeps an answer here only when it is an object
     value = sglang_max_running(a.got[path])  # capacity's own reader: top level, else internal_states
     if value is None:
         fields["max-running"] = NOT_REPORTED

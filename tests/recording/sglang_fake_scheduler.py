@@ -10,6 +10,12 @@ pattern (one token per step, a short sleep per step), and times each request wit
 `--max-queued-requests` goes through `Scheduler._abort_on_queued_limit` unchanged. Finish reasons
 are SGLang's `FINISH_LENGTH` / `FINISH_MATCHED_TOKEN`; scheduler gauges go through SGLang's
 `SchedulerMetricsCollector`. This file holds no response body and no error text.
+
+`ignore_eos` and `min_new_tokens` are kept (the fake model says its pattern again instead of EOS:
+SGLang checks both scheduler-side); `logit_bias` is not applied (no sampler). Priorities go through
+SGLang's own `Scheduler._set_or_validate_priority`. With KOTOBA_FAKE_RECEIVED=path, one JSON line per
+request: what SGLang's TokenizerManager handed the scheduler (rid, prompt length, priority, cache
+salt, sampling params), which the recorder keeps in the exchange's cassette.
 """
 
 from __future__ import annotations
@@ -21,11 +27,16 @@ from typing import Any
 
 import zmq
 
+import engine_received
+
 # The words the fake model says, in order; repeats on purpose (an incremental stream then carries
 # the same delta twice in a row, which a client must not take for a cumulative one).
 OUTPUT_WORDS = " one one two one two three one two three four one two"
 PREFILL_S = 0.03  # one prefill forward
 STEP_S = 0.02  # one decode step
+# The SamplingParams attributes written down per request.
+SAMPLING_SEEN = ("n", "temperature", "max_new_tokens", "min_new_tokens", "ignore_eos", "logit_bias", "stop_strs",
+                 "stop_token_ids", "skip_special_tokens", "custom_params")
 
 
 @dataclass
@@ -37,6 +48,7 @@ class FakeReq:
     input_ids: list[int]
     max_new_tokens: int
     ignore_eos: bool
+    min_new_tokens: int
     stream: bool
     skip_special_tokens: bool
     spaces_between_special_tokens: bool
@@ -47,6 +59,13 @@ class FakeReq:
     weight_version_events: list[Any] = field(default_factory=list)
     sent_ids: int = 0
     finished_reason: Any = None
+
+
+def note_received(msg: Any) -> None:
+    """Write down what the TokenizerManager handed this process for one request (KOTOBA_FAKE_RECEIVED)."""
+    engine_received.note(dict(rid=msg.rid, prompt_tokens=len(msg.input_ids or ()), priority=msg.priority,
+                              cache_salt=getattr(msg, "cache_salt", None), extra_key=getattr(msg, "extra_key", None),
+                              stream=bool(msg.stream)), msg.sampling_params, SAMPLING_SEEN)
 
 
 def run_fake_scheduler(server_args: Any, port_args: Any, gpu_id: int, tp_rank: int, pp_rank: int,
@@ -86,6 +105,7 @@ class FakeScheduler:
         shell.enable_priority_scheduling = bool(getattr(server_args, "enable_priority_scheduling", False))
         shell.schedule_low_priority_values_first = bool(
             getattr(server_args, "schedule_low_priority_values_first", False))
+        shell.abort_on_priority_when_disabled = bool(server_args.abort_on_priority_when_disabled)
         shell.rust_server = None
         shell.ipc_channels = self.channels
         shell.enable_hierarchical_cache = False
@@ -157,16 +177,20 @@ class FakeScheduler:
         from sglang.srt.managers.io_struct import unwrap_from_pickle
         from sglang.srt.observability.req_time_stats import SchedulerReqTimeStats
         sp = msg.sampling_params
+        note_received(msg)
         stats = SchedulerReqTimeStats.new_from_obj(unwrap_from_pickle(msg.time_stats))
         if self.metrics is not None:
             stats.set_metrics_collector(self.metrics)
         stats.set_scheduler_recv_time()
         req = FakeReq(rid=msg.rid, http_worker_ipc=msg.http_worker_ipc, input_ids=list(msg.input_ids or ()),
                       max_new_tokens=int(sp.max_new_tokens if sp.max_new_tokens is not None else 128),
-                      ignore_eos=bool(sp.ignore_eos), stream=bool(msg.stream),
+                      ignore_eos=bool(sp.ignore_eos), min_new_tokens=int(sp.min_new_tokens or 0),
+                      stream=bool(msg.stream),
                       skip_special_tokens=bool(sp.skip_special_tokens),
                       spaces_between_special_tokens=bool(sp.spaces_between_special_tokens),
                       no_stop_trim=bool(sp.no_stop_trim), time_stats=stats, priority=msg.priority)
+        if not type(self.admission)._set_or_validate_priority(self.admission, req):
+            return
         if type(self.admission)._abort_on_queued_limit(self.admission, req):
             return
         self.waiting.append(req)
@@ -198,7 +222,7 @@ class FakeScheduler:
             n = len(req.output_ids)
             if n < len(self.pattern):
                 token = self.pattern[n]
-            elif req.ignore_eos or self.eos is None:
+            elif req.ignore_eos or self.eos is None or n < req.min_new_tokens:
                 token = self.pattern[n % len(self.pattern)]
             else:
                 token = self.eos

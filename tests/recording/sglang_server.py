@@ -19,7 +19,10 @@ sys.path.insert(0, str(HERE))
 
 CONTEXT_LEN = 512
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+                 "{% if add_generation_prompt %}<|assistant|>"
+                 # Qwen3's switch: chat_template_kwargs {"enable_thinking": false} pre-fills an empty think span
+                 "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+                 "{% endif %}")
 CORPUS = ["one two three four five six seven eight nine ten", " one one two one two three one two three four", "The capital of France is Paris.",
           "Say hello. Greet me. Hello, world! Once upon a time there was a quick brown fox.",
           "the quick brown fox jumps over the lazy dog", "hi"]
@@ -31,7 +34,9 @@ def write_model(out: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "tokenizer.json").exists() and (out / "config.json").exists():
+    made = out / "tokenizer_config.json"
+    if (out / "tokenizer.json").exists() and (out / "config.json").exists() and made.exists() \
+            and json.loads(made.read_text()).get("chat_template") == CHAT_TEMPLATE:
         return out
     specials = ["<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>", "<|tool|>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -10,12 +10,17 @@ What it answers (scheduled in one step, then one token per step, a fixed step in
   then EOS; completion (no marker in the prompt): the prompt's own ids, then EOS. Past max_tokens:
   finish LENGTH.
 - logprobs when asked: the sampled id at -0.25 (rank 1), then the next ids at -1.5, -2.5, ...
+- `ignore_eos`, and `min_tokens` past the answer: the answer repeats instead of ending in EOS (vLLM's
+  stop check runs in the engine core, so the fake keeps it); `logit_bias` is not applied (no sampler).
 - scheduler stats every step: running (at most max_num_seqs), waiting, KV usage.
 Modes, from the environment (set by scripts/record-vllm):
 - KOTOBA_FAKE_ECHO_SPAN="user_id,turn_end_id", KOTOBA_FAKE_EOS=id: the ids above.
 - KOTOBA_FAKE_HOLD_S=seconds: every request stays in prefill that long (the queue fills).
 - KOTOBA_FAKE_DIE_AFTER=n: after n tokens of the first request the engine core dies
   (vLLM's own EngineDeadError, as when a real engine process crashes).
+- KOTOBA_FAKE_RECEIVED=path: one JSON line per request, what vLLM's serving layer handed the engine
+  (request id, prompt length, priority, cache salt, sampling params); the recorder keeps each
+  exchange's lines in its cassette.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.stats import PrefillStats, SchedulerStats
 from vllm.v1.outputs import LogprobsLists
 
+import engine_received
+
 STEP_S = float(os.environ.get("KOTOBA_FAKE_STEP_S", "0.005"))
+# The SamplingParams attributes written down per request.
+SAMPLING_SEEN = ("n", "temperature", "seed", "max_tokens", "min_tokens", "ignore_eos", "logit_bias", "stop",
+                 "stop_token_ids", "logprobs", "skip_special_tokens", "extra_args")
 
 
 def _ids(name: str) -> list[int]:
@@ -50,6 +60,11 @@ class _Req:
         self.max_tokens = (sp.max_tokens if sp is not None and sp.max_tokens is not None else 1 << 30)
         self.logprobs = sp.logprobs if sp is not None else None
         self.answer = answer_ids(self.prompt)
+        ignore_eos = bool(sp is not None and sp.ignore_eos)
+        floor = self.max_tokens if ignore_eos else (sp.min_tokens if sp is not None else 0)
+        if (ignore_eos or floor > len(self.answer)) and len(self.answer) > 1:  # no EOS yet: say the turn again
+            said = self.answer[:-1]
+            self.answer = [said[i % len(said)] for i in range(min(floor, 1 << 16))] + self.answer[-1:]
         self.sent = 0
         self.arrived = now
         self.scheduled = False
@@ -65,6 +80,13 @@ def answer_ids(prompt: list[int]) -> list[int]:
         end = prompt.index(span[1], start) if span[1] in prompt[start:] else len(prompt)
         out = prompt[start:end]
     return list(out) + eos[:1]
+
+
+def note_received(r: EngineCoreRequest) -> None:
+    """Write down what the serving layer handed the engine for `r` (KOTOBA_FAKE_RECEIVED)."""
+    engine_received.note(dict(request_id=r.request_id, external_req_id=getattr(r, "external_req_id", None),
+                              prompt_tokens=len(r.prompt_token_ids or ()), priority=r.priority,
+                              cache_salt=getattr(r, "cache_salt", None)), r.sampling_params, SAMPLING_SEEN)
 
 
 class FakeEngineCore(EngineCoreClient):
@@ -97,6 +119,7 @@ class FakeEngineCore(EngineCoreClient):
         return ("generate",)
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
+        note_received(request)
         self.reqs[request.request_id] = _Req(request, time.monotonic())
         self.idle_stats_sent = False
         self.wake.set()

