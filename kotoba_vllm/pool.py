@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Generic, Iterator, Mapping, Sequence, TypeVar, overload
+from typing import Any, AsyncIterator, Collection, Generic, Iterator, Mapping, Sequence, TypeVar, overload
 
 import attrs
 import httpx
@@ -56,6 +56,7 @@ from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
 
 R = TypeVar("R", bound=Request)
 C = TypeVar("C", Client, AsyncClient)  # a pool's member clients
+_Result = TypeVar("_Result")  # what a background task answers
 # How long the async pool keeps a probe connection idle: past the default interval plus a probe
 PROBE_KEEPALIVE_S = 5.0
 
@@ -175,11 +176,12 @@ class _PoolCore(Generic[C]):
         if b is not None and self.backend == "auto":
             client.learn_backend(member, b)  # the probe already detected it: no second detection
 
-    def _place(self, req: Request, cap: PoolCapacity, conversation: str | None) -> tuple[Admission, C]:
-        """Choose a member for `req` on round `cap` and count it in flight there (`_done` ends it);
-        the member's client, taught the backend the probe detected."""
+    def _place(self, req: Request, cap: PoolCapacity, conversation: str | None,
+               among: Collection[str] | None = None) -> tuple[Admission, C]:
+        """Choose a member for `req` on round `cap` (only from `among` when given) and count it in flight there
+        (`_done` ends it); the member's client, taught the backend the probe detected."""
         self.last_capacity = cap
-        adm = self.view.take(cap, self.affinity.lookup(req, conversation))
+        adm = self.view.take(cap, self.affinity.lookup(req, conversation), among)
         if adm.member is None:
             raise AdmissionRejected(
                 f"every pool member ({len(self.members)}) was measured busy; nothing was sent",
@@ -218,7 +220,7 @@ class _PoolCore(Generic[C]):
         return resp
 
 
-def _retrieve(f: "asyncio.Future[Any]") -> None:
+def _retrieve(f: "asyncio.Future[_Result]") -> None:
     if not f.cancelled():
         f.exception()
 
@@ -585,34 +587,42 @@ class AsyncPool(_PoolCore[AsyncClient]):
             r.add_done_callback(_retrieve)  # a failed background round is seen by the next waiter, not logged
         return r
 
-    async def _admit(self, request: R, conversation: str | None
+    async def _admit(self, request: R, conversation: str | None, among: Collection[str] | None = None
                      ) -> tuple[R, Admission, PoolCapacity, AsyncClient]:
         req = self._for_pool(request)
         cap = self._readable(time.monotonic())
         if cap is None:
             cap = await self._current()
-        adm, client = self._place(req, cap, conversation)
+        adm, client = self._place(req, cap, conversation, among)
         return req, adm, cap, client
 
     @overload
     async def send(self, request: TextRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None, checked: bool = False) -> Response: ...
+                   conversation: str | None = None, checked: bool = False,
+                   among: Collection[str] | None = None) -> Response: ...
     @overload
     async def send(self, request: EmbeddingRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None, checked: bool = False) -> EmbeddingResponse: ...
+                   conversation: str | None = None, checked: bool = False,
+                   among: Collection[str] | None = None) -> EmbeddingResponse: ...
     @overload
     async def send(self, request: TokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None, checked: bool = False) -> TokenizeResponse: ...
+                   conversation: str | None = None, checked: bool = False,
+                   among: Collection[str] | None = None) -> TokenizeResponse: ...
     @overload
     async def send(self, request: DetokenizeRequest, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None, checked: bool = False) -> DetokenizeResponse: ...
+                   conversation: str | None = None, checked: bool = False,
+                   among: Collection[str] | None = None) -> DetokenizeResponse: ...
     @overload
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None, checked: bool = False) -> AnyResponse: ...
+                   conversation: str | None = None, checked: bool = False,
+                   among: Collection[str] | None = None) -> AnyResponse: ...
 
     async def send(self, request: RequestInput, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                   conversation: str | None = None, checked: bool = False) -> AnyResponse:
-        req, adm, cap, client = await self._admit(to_request(request), conversation)
+                   conversation: str | None = None, checked: bool = False,
+                   among: Collection[str] | None = None) -> AnyResponse:
+        """`among`: only these members may be chosen (a batch's flow control passes the member it keeps a
+        limit for); the choice is still the view's, and a refusal the same."""
+        req, adm, cap, client = await self._admit(to_request(request), conversation, among)
         try:
             resp = await client.send(req, timeout=timeout, deadline=deadline, checked=checked)
         except AdmissionRejected as e:
@@ -623,8 +633,9 @@ class AsyncPool(_PoolCore[AsyncClient]):
         return self._annotate(resp, adm, cap)
 
     async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None, deadline: DeadlineArg = None,
-                     conversation: str | None = None) -> AsyncPoolStream:
-        req, adm, cap, client = await self._admit(streaming(request), conversation)
+                     conversation: str | None = None, among: Collection[str] | None = None) -> AsyncPoolStream:
+        """`among`: only these members may be chosen (as for `send`)."""
+        req, adm, cap, client = await self._admit(streaming(request), conversation, among)
         try:
             inner = await client.stream(req, timeout=timeout, deadline=deadline)
         except BaseException as e:

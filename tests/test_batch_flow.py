@@ -15,7 +15,7 @@ from kotoba_vllm._edn import kw, read_all
 from kotoba_vllm._errors import AdmissionRejected, RequestTimeout, ServerFailure
 from kotoba_vllm._model import ChatRequest, Choice, Message, Response
 from kotoba_vllm.batch import BatchEntry, BatchRunner, FlowControl, OrderedSink, Recorder
-from kotoba_vllm.batch._flow import MAX_PAUSE_S, MemberFlow
+from kotoba_vllm.batch._flow import EDGE_MEMORY_S, MAX_PAUSE_S, MemberFlow
 
 K_INDEX = kw("vllm/request-index")
 K_ERROR = kw("vllm/error")
@@ -46,22 +46,45 @@ def _rejected(retry_after: float | None = None) -> AdmissionRejected:
 # ------------------------------------------------------------------ the limit (pure)
 
 
-def test_a_burst_of_rejections_shrinks_the_limit_once_and_answers_grow_it_back_to_the_ceiling() -> None:
+def test_a_burst_past_the_edge_shrinks_the_limit_to_what_the_member_held_and_it_grows_back_only_later() -> None:
     m = MemberFlow("m", 64)
-    seqs = [m.start() for _ in range(64)]
-    for s in seqs[:40]:  # 40 requests sent under the same limit come back rejected
-        m.rejected(s, None, 0.0)
-    assert m.limit == 32  # one halving, not forty
-    s = m.start()
-    m.rejected(s, None, 0.0)  # sent under the new limit: a new signal
-    assert m.limit == 16
-    for s in seqs[40:]:
-        m.answered(0.0)
-    assert m.limit == 16  # held after a shrink
-    while m.limit < 64:
+    tickets = [m.start() for _ in range(64)]
+    for t in reversed(tickets[4:]):  # it held 4 of ours and refused the other 60 (answers come in any order)
+        m.rejected(t, None, 0.0)
+    assert m.limit == 4 and m.edge == 4 and m.cap == 4  # what it held, not 60 halvings nor one
+    t = m.start()
+    m.rejected(t, None, 0.0)  # sent under the new limit: a new signal, halved
+    assert m.limit == 2 and m.edge == 4
+    for t in tickets[:4]:
+        m.answered(1.0)
+    assert m.limit == 2  # held after a shrink
+    for _ in range(50):
         m.start()
         m.answered(10.0)
+    assert m.limit == 4  # grows back to the edge it found, not past it, while it is remembered
+    while m.limit < 64:
+        m.start()
+        m.answered(10.0 + EDGE_MEMORY_S)
     assert m.limit == 64 and m.in_flight == 0
+
+
+def test_headroom_leaves_slots_of_the_edge_free_for_other_clients() -> None:
+    m = MemberFlow("m", 64, headroom=1)
+    assert m.cap == 63  # unmeasured, nothing refused: the ceiling less the headroom
+    tickets = [m.start() for _ in range(63)]
+    for t in tickets[4:]:
+        m.rejected(t, None, 0.0)
+    assert m.limit == 4 and m.cap == 3  # an engine that held 4 gets 3 of the batch's: one for someone else
+    for t in tickets[:4]:
+        m.answered(100.0)
+    for _ in range(3):
+        assert m.may_start(100.0)
+        m.start()
+    assert not m.may_start(100.0)
+    one = MemberFlow("m", 8, headroom=5)
+    for t in [one.start() for _ in range(3)][1:]:
+        one.rejected(t, None, 0.0)
+    assert one.cap == 1  # never below one request in flight
 
 
 def test_the_limit_never_goes_below_one() -> None:
@@ -95,11 +118,16 @@ def test_errors_that_are_not_admission_answers_move_the_limit_neither_way() -> N
 
 class Measured:
     def __init__(self) -> None:
-        self.free: bool | None = None
+        self.free_: bool | None = None
+        self.slots: int | None = None  # free slots counted in the round
+        self.round = object()
         self.begun: Counter[str] = Counter()
 
     def admits(self, member: str) -> bool | None:
-        return self.free
+        return self.free_
+
+    def free(self, member: str) -> tuple[int, object] | None:
+        return None if self.slots is None else (self.slots, self.round)
 
     def begin(self, member: str) -> None:
         self.begun[member] += 1
@@ -115,9 +143,9 @@ def test_a_member_measured_busy_gets_nothing_new_and_unmeasured_starts_at_the_ce
     tickets = [flow.admit(e) for _ in range(3)]  # unmeasured: the ceiling
     assert None not in tickets and flow.admit(e) is None
     flow.settled(tickets.pop(), _ok(0))
-    view.free = False
+    view.free_ = False
     assert flow.admit(e) is None  # measured busy
-    view.free = True
+    view.free_ = True
     assert flow.admit(e) is not None
     assert view.begun["m"] == 3
 
@@ -126,20 +154,19 @@ def test_a_rejected_request_waits_for_its_members_pause_or_a_slot_seen_free() ->
     clock = Clock()
     flow = FlowControl(8, lambda e: "m", clock=clock)
     e = _entries(1)[0]
-    first, second = flow.admit(e), flow.admit(e)
-    mark = flow.settled(first, _rejected())
+    held = [flow.admit(e) for _ in range(3)]
+    mark = flow.settled(flow.admit(e), _rejected())  # it held 3 of ours
     assert flow.admit_again(e, mark) is None  # no pause, and nothing of ours to it ended since
-    flow.settled(second, _ok(1))
+    flow.settled(held.pop(), _ok(1))
     again = flow.admit_again(e, mark)
     assert again is not None  # a slot was freed
     flow.settled(again, _ok(0))
-    t = flow.admit(e)
-    other = flow.admit(e)
-    mark = flow.settled(t, _rejected(retry_after=2))
-    assert flow.admit_again(e, mark) is None
+    mark = flow.settled(flow.admit(e), _rejected(retry_after=2))
+    for t in held:
+        flow.settled(t, _ok(2))
+    assert flow.admit_again(e, mark) is None  # room, but paused
     clock.now += 2
     assert flow.admit_again(e, mark) is not None
-    flow.settled(other, _ok(2))
 
 
 # ------------------------------------------------------------------ the runner with it
@@ -313,16 +340,139 @@ def test_the_limit_does_not_grow_while_the_member_is_measured_busy() -> None:
     clock = Clock()
     flow = FlowControl(8, lambda e: "m", capacity=view, clock=clock)
     e = _entries(1)[0]
-    flow.settled(flow.admit(e), _rejected())  # 8 -> 4
-    view.free = False
+    held = [flow.admit(e) for _ in range(6)]
+    flow.settled(flow.admit(e), _rejected())  # refused with 6 of ours in flight: 8 -> 4
+    for t in held:
+        flow.settled(t, _ok(0))
+    view.free_ = False
     for _ in range(20):
-        view.free = True
+        view.free_ = True
         t = flow.admit(e)
-        view.free = False  # answered while the engine has a queue
+        view.free_ = False  # answered while the engine has a queue
         flow.settled(t, _ok(0))
     assert flow.members["m"].limit == 4
-    view.free = True
+    view.free_ = True
     clock.now += 10  # past the hold after the shrink
     for _ in range(20):
         flow.settled(flow.admit(e), _ok(0))
     assert flow.members["m"].limit > 4
+
+
+# ------------------------------------------------------------------ headroom and pools, against canned servers
+
+
+def _canned(**kw_: Any) -> Any:
+    import os
+    import sys
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    from canned_server import CannedServer
+    return CannedServer(**kw_)
+
+
+def _interactive_while_batch_runs(headroom: int, tmp_path: Any) -> tuple[int, int, Any, Any]:
+    """A batch of 300 at -c 16 against a server that refuses past 4 in flight, and an interactive user sending
+    one request at a time once the batch has found the edge: (interactive answered, refused, batch records)."""
+    import threading
+    import time
+
+    from kotoba_vllm import Client
+    from kotoba_vllm.cli import main
+
+    path = _request_file(tmp_path, 300)
+    out = tmp_path / f"h{headroom}.edn"
+    with _canned(slots=4, delay_ms=20) as srv:
+        argv = ["run", path, "--base-url", srv.base_url, "--backend", "openai", "-c", "16", "--no-progress",
+                "--output", str(out), "--requeue-rejected", "10", "--headroom", str(headroom),
+                "--summary", str(out) + ".summary"]
+        rc: list[int] = []
+        batch = threading.Thread(target=lambda: rc.append(main(argv)))
+        batch.start()
+        while srv.stats()["rejected"] == 0 and batch.is_alive():  # the batch's first burst finds the edge
+            time.sleep(0.01)
+        time.sleep(0.5)  # the burst's 4 that got in have ended
+        answered = refused = 0
+        with Client(srv.base_url, backend="openai") as user:
+            while batch.is_alive() and answered + refused < 40:
+                try:
+                    user.chat("interactive", max_tokens=2)
+                    answered += 1
+                except AdmissionRejected:
+                    refused += 1
+                time.sleep(0.01)
+        batch.join()
+    assert rc == [0]
+    flow = read_all(open(str(out) + ".summary").read())[0][kw("batch/flow")]
+    return answered, refused, read_all(out.read_text()), flow[0]
+
+
+def test_headroom_leaves_the_interactive_user_a_slot_the_batch_does_not_take(tmp_path: Any) -> None:
+    answered, refused, records, flow = _interactive_while_batch_runs(1, tmp_path)
+    assert [r[K_INDEX] for r in records] == list(range(300)) and all(r.get(K_ERROR) is None for r in records)
+    assert answered >= 20 and refused == 0  # the batch held at most 3 of the engine's 4
+    # its first burst (15: the ceiling less the headroom) found the edge: 11 refused, and none after it
+    assert flow[kw("flow/rejections")] == 11 and flow[kw("flow/limit")][kw("flow/median")] == 3
+
+
+def test_a_pool_keeps_a_limit_per_member(tmp_path: Any) -> None:
+    """Two members, one refusing past 3 in flight, one never: only the first one's limit comes down."""
+    from kotoba_vllm.cli import main
+
+    path = _request_file(tmp_path, 200)
+    out, summary = tmp_path / "pool.edn", tmp_path / "summary.edn"
+    with _canned(slots=3, delay_ms=20) as small, _canned(delay_ms=20) as big:
+        assert main(["run", path, "--base-url", small.base_url, "--base-url", big.base_url, "--backend", "openai",
+                     "-c", "12", "--no-progress", "--output", str(out), "--summary", str(summary),
+                     "--requeue-rejected", "10"]) == 0
+        refused_small, refused_big = small.stats()["rejected"], big.stats()["rejected"]
+    records = read_all(out.read_text())
+    assert [r[K_INDEX] for r in records] == list(range(200)) and all(r.get(K_ERROR) is None for r in records)
+    flow = {m[kw("flow/member")]: m for m in read_all(summary.read_text())[0][kw("batch/flow")]}
+    assert set(flow) == {small.base_url, big.base_url}
+    assert flow[small.base_url][kw("flow/rejections")] == refused_small > 0
+    assert flow[big.base_url][kw("flow/rejections")] == refused_big == 0
+    # the member that refused is held below its 3 (less the headroom); the other keeps the ceiling less it
+    assert flow[small.base_url][kw("flow/limit")][kw("flow/median")] <= 2
+    assert flow[big.base_url][kw("flow/limit")][kw("flow/median")] == 11
+
+
+def _stage_rows(stage: Any, n: int) -> list[dict[str, Any]]:
+    pa = __import__("pytest").importorskip("pyarrow")
+    table = pa.table({"request_index": list(range(n)),
+                      "request": ['{:vllm/endpoint :chat :vllm/messages [{:vllm/role :user :vllm/content "q%d"}]}' % i
+                                  for i in range(n)]})
+    try:
+        out = stage(table)
+    finally:
+        stage.close()
+    rows: list[dict[str, Any]] = out.to_pylist()
+    return rows
+
+
+def test_the_ray_stage_sends_an_admission_rejected_request_again_and_its_record_keeps_every_attempt() -> None:
+    from kotoba_vllm.ray import RequestStage
+
+    with _canned(slots=2, delay_ms=20) as srv:
+        rows = _stage_rows(RequestStage(base_url=srv.base_url, backend="openai", concurrency=8, requeue_rejected=10,
+                                        batch_lines=True), 60)
+        refused = srv.stats()["rejected"]
+    assert [r["request_index"] for r in rows] == list(range(60)) and all(r["ok"] for r in rows)
+    records = [read_all(r["record"])[0] for r in rows]
+    tried = [r for r in records if r.get(K_ATTEMPTS)]
+    assert tried and all(len(r[K_ATTEMPTS]) >= 2 for r in tried)
+    assert all(a[kw("vllm/outcome")] == kw("admission-rejected") for r in tried for a in r[K_ATTEMPTS][:-1])
+    assert sum(len(r[K_ATTEMPTS]) - 1 for r in tried) == refused > 0  # each refusal is one attempt in a record
+    lines = [__import__("json").loads(r["batch_line"]) for r in rows]
+    assert sum(1 for x in lines if x["kotoba"].get("attempts")) == len(tried)  # the JSONL line says it too
+
+
+def test_the_ray_stage_without_requeue_records_the_rejection() -> None:
+    from kotoba_vllm.ray import RequestStage
+
+    with _canned(slots=2, delay_ms=20) as srv:
+        rows = _stage_rows(RequestStage(base_url=srv.base_url, backend="openai", concurrency=8, headroom=0), 30)
+        refused = srv.stats()["rejected"]
+    assert [r["request_index"] for r in rows] == list(range(30))
+    assert sum(1 for r in rows if r["error"] == "admission-rejected") == refused > 0
+    assert all(K_ATTEMPTS not in read_all(r["record"])[0] for r in rows)

@@ -13,9 +13,9 @@ from ._flow import FixedLimit, FlowControl, Limiter
 from ._ids import new_prefix, with_request_ids
 from ._jsonl import line_to_entry
 from ._output import ExistingOutput, OrderedSink, journal_path, load_existing
-from ._runner import BatchRunner, BatchSummary, Recorder
+from ._runner import BatchRunner, BatchSummary, Recorder, attempt_of
 
 __all__ = ["BatchEntry", "BatchRunner", "BatchSummary", "ExistingOutput", "FixedLimit", "FlowControl", "FormStream",
            "Limiter", "OrderedSink",
-           "Recorder", "batch_collector", "detect_format", "entry_from_form", "iter_entries", "journal_path", "line_to_entry", "load_existing",
+           "Recorder", "attempt_of", "batch_collector", "detect_format", "entry_from_form", "iter_entries", "journal_path", "line_to_entry", "load_existing",
            "new_prefix", "read_located", "syntax_entry", "with_request_ids"]

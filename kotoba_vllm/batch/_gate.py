@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
-
 from ._entry import BatchEntry
-from ._flow import Limiter
+from ._flow import Limiter, Outcome
 
 
 class LimiterGate:
@@ -21,10 +19,16 @@ class LimiterGate:
         self._turns: deque[asyncio.Future[None]] = deque()
         self._changed: asyncio.Future[None] | None = None
 
-    async def enter(self, e: BatchEntry) -> Any:
-        """The limiter's ticket for `e`, once it admits it (in arrival order)."""
+    async def enter(self, e: BatchEntry, mark: object = None, *, again: bool = False) -> object:
+        """The limiter's ticket for `e`, once it admits it (in arrival order). `again`: `e` was rejected at
+        admission and `mark` is what the limiter's `settled` said then (it is admitted by `admit_again`)."""
+        limiter = self.limiter
+
+        def admit() -> object | None:
+            return limiter.admit_again(e, mark) if again else limiter.admit(e)
+
         if not self._turns:
-            ticket = self.limiter.admit(e)
+            ticket = admit()
             if ticket is not None:
                 return ticket
         loop = asyncio.get_running_loop()
@@ -35,11 +39,11 @@ class LimiterGate:
         try:
             await turn
             while True:
-                ticket = self.limiter.admit(e)
+                ticket = admit()
                 if ticket is not None:
                     return ticket
                 changed = self._changed = loop.create_future()
-                timeout = self.limiter.wake_in()
+                timeout = limiter.wake_in()
                 timer = loop.call_later(timeout, _resolve, changed) if timeout is not None else None
                 try:
                     await changed
@@ -51,11 +55,12 @@ class LimiterGate:
             if self._turns:
                 _resolve(self._turns[0])
 
-    def leave(self, ticket: Any, outcome: Any) -> None:
-        """The request admitted with `ticket` ended with `outcome`."""
-        self.limiter.settled(ticket, outcome)
+    def leave(self, ticket: object, outcome: Outcome) -> object | None:
+        """The request admitted with `ticket` ended with `outcome`; the limiter's mark for `enter(again=True)`."""
+        mark = self.limiter.settled(ticket, outcome)
         if self._changed is not None:
             _resolve(self._changed)
+        return mark
 
 
 def _resolve(f: "asyncio.Future[None]") -> None:

@@ -6,15 +6,16 @@
   time) while the previous one is read up to one probe timeout longer; a member whose engine
   publishes nothing to probe (an OpenAI-compatible server) is left unmeasured after its first round.
 - `PoolViewCapacity`: a pool already keeps the view (and counts its own requests in flight): flow
-  control asks it whether the pool would admit a request now, so the runner waits instead of making
-  a local `:all-slots-busy` record.
+  control keeps a limit per member and asks the pool's view which of the members under their limits
+  it would choose now (None: it would refuse), so the runner waits instead of making a local
+  `:all-slots-busy` record, and the request goes to exactly that member.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
 
@@ -22,21 +23,22 @@ from .._base_client import api_key_or_env, client_headers, server_root
 from .._client import AsyncClient
 from .._wire import AsyncWire, default_wire
 from ..capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso
-from ..capacity._verdict import PROBE_PATHS, merge_pool_capacity
+from ..capacity._answer import CapacityAnswer, PoolCapacity
+from ..capacity._verdict import PROBE_PATHS, least_loaded, merge_pool_capacity
 from ..capacity._view import DEFAULT_INTERVAL_S, CapacityView
 from ..pool import AsyncPool
 from ._entry import BatchEntry
-from ._flow import FlowControl
-
-POOL_MEMBER = "pool"  # a pool is one member to flow control: it spreads and refuses by its own view
-
+from ._flow import DEFAULT_HEADROOM, FlowControl
 
 def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: str = "auto", api_key: str | None = None,
-                     interval_s: float | None = None) -> tuple[FlowControl, ProbedCapacity | None]:
+                     interval_s: float | None = None, headroom: int = DEFAULT_HEADROOM
+                     ) -> tuple[FlowControl, ProbedCapacity | None]:
     """Flow control for `run` or a Ray actor sending through `client` (an AsyncClient or AsyncPool), and
-    the probe shell it owns (None for a pool, whose own view is read; `aclose` it when done)."""
+    the probe shell it owns (None for a pool, whose own view is read; `aclose` it when done). A pool's
+    members each keep their own limit: flow control lets the pool choose among those under theirs."""
     if isinstance(client, AsyncPool):
-        return FlowControl(ceiling, lambda e: POOL_MEMBER, capacity=PoolViewCapacity(client)), None
+        view = PoolViewCapacity(client)
+        return FlowControl(ceiling, capacity=view, headroom=headroom, members=client.members, choose=view.choose), None
     key = api_key_or_env(api_key)
     limits = httpx.Limits(max_connections=None)
     keyed = default_wire(client_headers(key, None), PROBE_TIMEOUT, True, limits)
@@ -44,12 +46,26 @@ def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: 
     keyless = default_wire(client_headers(None, None), PROBE_TIMEOUT, True, limits) if key else None
     measured = ProbedCapacity(keyed, backend, interval_s=DEFAULT_INTERVAL_S if interval_s is None else interval_s,
                               keyless=keyless, trusted=client.trusted.allows)
+    default_member = client.base_url
 
     def member_of(e: BatchEntry) -> str:
         url = e.request.base_url if e.request is not None else None
-        return server_root(url) if url else client.base_url
+        return server_root(url) if url else default_member
 
-    return FlowControl(ceiling, member_of, capacity=measured), measured
+    return FlowControl(ceiling, member_of, capacity=measured, headroom=headroom), measured
+
+
+def free_slots(a: CapacityAnswer | None) -> int | None:
+    """The free slots a measured answer counts (llama.cpp's idle slots less those deferred; a queue engine's
+    max running less running and waiting, when it publishes the max); None when it counts none."""
+    if a is None or not a.measured:
+        return None
+    if a.slots is not None:
+        return a.slots.idle - (a.slots.deferred or 0)
+    q = a.queue
+    if q is not None and q.max_running is not None:
+        return q.max_running - q.running - q.waiting
+    return None
 
 
 class ProbedCapacity:
@@ -78,6 +94,12 @@ class ProbedCapacity:
         if cap is None or now - view.started > self._limit_s:
             return None  # no reading to go by (yet, or any more)
         return view.decide(cap, None).member is not None
+
+    def free(self, member: str) -> tuple[int, object] | None:
+        view = self.views.get(member)
+        cap = view.snapshot if view is not None else None
+        n = free_slots(cap.answer_for(member)) if cap is not None else None
+        return None if n is None else (n, cap)
 
     def begin(self, member: str) -> None:
         view = self.views.get(member)
@@ -125,17 +147,36 @@ class ProbedCapacity:
 
 
 class PoolViewCapacity:
-    """Would the pool admit a request now (by its own view, the round it would read)?"""
+    """Would the pool admit a request now (by its own view, the round it would read), and to which member?"""
 
     def __init__(self, pool: AsyncPool) -> None:
         self.pool = pool
 
-    def admits(self, member: str) -> bool | None:
+    def _round(self) -> PoolCapacity | None:
         view = self.pool.view
         cap = view.snapshot
-        if cap is None or not view.fresh(time.monotonic()):
+        return cap if cap is not None and view.fresh(time.monotonic()) else None
+
+    def admits(self, member: str) -> bool | None:
+        cap = self._round()
+        if cap is None:
             return None  # the pool takes a round when it sends: let it
-        return view.decide(cap, None).member is not None
+        return self.pool.view.decide(cap, None, (member,)).member is not None
+
+    def free(self, member: str) -> tuple[int, object] | None:
+        cap = self._round()
+        n = free_slots(cap.answer_for(member)) if cap is not None else None
+        return None if n is None else (n, cap)
+
+    def choose(self, e: BatchEntry, allowed: Sequence[str]) -> str | None:
+        """The member the pool's view picks for `e` among `allowed` (its affinity, its spreading); with no
+        fresh round, the least loaded of them (the pool reads a round when it sends)."""
+        pool, view = self.pool, self.pool.view
+        cap = self._round()
+        if cap is None:
+            return least_loaded(allowed, view.inflight, view.sent)
+        affinity = pool.affinity.lookup(e.request) if e.request is not None else None
+        return view.decide(cap, affinity, allowed).member
 
     def begin(self, member: str) -> None:
         pass  # the pool counts its own requests

@@ -17,18 +17,19 @@ import asyncio
 import datetime
 import time
 from collections import Counter, deque
-from typing import Any, Awaitable, Callable, Iterable, Iterator
+from typing import Awaitable, Callable, Iterable, Iterator, Protocol, Sequence, Union, cast
 
 import attrs
 
 from .._edn import EdnError, Keyword, dumps, kw
 from .._errors import AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
 from .._codec import write_edn, write_fields
-from .._model import to_edn
+from .._model import AnyResponse, StreamDelta, to_edn
 from .._requests import request_to_edn
 from ._deadlines import Deadline, DeadlineQueue
 from ._entries import BatchEntry
-from ._flow import FixedLimit, Limiter
+from ._flow import EdnMap, FixedLimit, Limiter
+from ._flow import Outcome as FlowOutcome
 from ._jsonl import output_line
 from ._output import ExistingOutput, OrderedSink, render_edn
 
@@ -58,7 +59,7 @@ class BatchSummary:
     output: str | None = None
     pending: str | None = None  # the journal left behind, when records wait past a gap
     input_error: str | None = None  # the input stopped reading as a whole
-    flow: list[dict[Keyword, Any]] | None = None  # flow control per member (None: a fixed --concurrency)
+    flow: list[EdnMap] | None = None  # flow control per member (None: a fixed --concurrency)
 
     @property
     def failed(self) -> int:
@@ -68,7 +69,7 @@ class BatchSummary:
     def complete(self) -> bool:
         return not self.interrupted and self.abandoned == 0 and self.stopped_at is None and not self.input_error
 
-    def to_edn(self) -> dict[Keyword, Any]:
+    def to_edn(self) -> EdnMap:
         rate = self.recorded / self.elapsed_s if self.elapsed_s > 0 else None
         sent_rate = self.sent / self.elapsed_s if self.elapsed_s > 0 else None
         return {kw("batch/outcomes"): {kw(k): n for k, n in sorted(self.outcomes.items())},
@@ -92,7 +93,7 @@ class BatchSummary:
         text = (f";; batch {state}: {self.recorded} records ({parts}){extra}; {self.sent} sent in "
                 f"{self.elapsed_s:.2f} s, {rate}")
         for m in self.flow or ():
-            lim = m[kw("flow/limit")]
+            lim = cast(EdnMap, m[kw("flow/limit")])
             text += (f"\n;; flow {m[kw('flow/member')]}: limit min/median/max {lim[kw('flow/min')]}/"
                      f"{lim[kw('flow/median')]}/{lim[kw('flow/max')]} of {m[kw('flow/ceiling')]}, "
                      f"{m[kw('flow/rejections')]} rejected, {m[kw('flow/pauses')]} paused")
@@ -100,8 +101,15 @@ class BatchSummary:
 
 
 # One request -> (response, deltas); a KotobaError is the typed failure, anything else a bug recorded as one.
-SendFn = Callable[[BatchEntry], Awaitable[tuple[Any, list[Any]]]]
-Outcome = Any  # (response, deltas) | KotobaError
+Answer = tuple[AnyResponse, Sequence[StreamDelta]]
+SendFn = Callable[[BatchEntry], Awaitable[Answer]]
+Outcome = Union[Answer, KotobaError]
+SendTask = asyncio.Task[Answer]
+Attempts = list[EdnMap]
+
+
+class Progress(Protocol):
+    def update(self, n: int) -> None: ...
 # After cancelling a sender past its deadline, how long to wait for it to unwind.
 CANCEL_GRACE_S = 1.0
 
@@ -112,8 +120,8 @@ class Recorder:
     def __init__(self, fmt: str, pretty_print: bool = False) -> None:
         self.fmt, self.pretty = fmt, pretty_print
 
-    def _head(self, e: BatchEntry) -> dict[Keyword, Any]:
-        head: dict[Keyword, Any] = {K_INDEX: e.index}
+    def _head(self, e: BatchEntry) -> EdnMap:
+        head: EdnMap = {K_INDEX: e.index}
         if e.request_id is not None:
             head[K_RID] = e.request_id
         return head
@@ -127,7 +135,7 @@ class Recorder:
                     kw("vllm/problems"): [p.to_edn() for p in errors]})
         return [render_edn(rec, self.pretty)]
 
-    def failed(self, e: BatchEntry, err: KotobaError, attempts: list[dict[Keyword, Any]] | None = None) -> list[str]:
+    def failed(self, e: BatchEntry, err: KotobaError, attempts: Attempts | None = None) -> list[str]:
         if self.fmt == "jsonl":
             return [output_line(e, error=err, attempts=attempts)]
         rec = self._head(e)
@@ -139,8 +147,8 @@ class Recorder:
             rec[K_ATTEMPTS] = attempts
         return [render_edn(rec, self.pretty)]
 
-    def ok(self, e: BatchEntry, resp: Any, deltas: list[Any],
-           attempts: list[dict[Keyword, Any]] | None = None) -> list[str]:
+    def ok(self, e: BatchEntry, resp: AnyResponse, deltas: Sequence[StreamDelta],
+           attempts: Attempts | None = None) -> list[str]:
         if self.fmt == "jsonl":
             return [output_line(e, result=resp, attempts=attempts)]
         if not self.pretty:  # the same text as below, written without building the record's maps
@@ -168,12 +176,12 @@ class Flight:
 
     __slots__ = ("entry", "ticket", "deadline", "attempts", "rejection", "mark")
 
-    def __init__(self, entry: BatchEntry, ticket: Any) -> None:
+    def __init__(self, entry: BatchEntry, ticket: object) -> None:
         self.entry, self.ticket = entry, ticket
-        self.deadline: Deadline[Any] | None = None
-        self.attempts: list[dict[Keyword, Any]] | None = None
+        self.deadline: Deadline[SendTask] | None = None
+        self.attempts: Attempts | None = None
         self.rejection: AdmissionRejected | None = None
-        self.mark: Any = None
+        self.mark: object = None
 
 
 class BatchRunner:
@@ -185,7 +193,7 @@ class BatchRunner:
 
     def __init__(self, send: SendFn, sink: OrderedSink, recorder: Recorder, *, concurrency: int = 8,
                  window: int | None = None, existing: ExistingOutput | None = None,
-                 progress: Any = None, deadline_s: float | None = None, limiter: Limiter | None = None,
+                 progress: Progress | None = None, deadline_s: float | None = None, limiter: Limiter | None = None,
                  requeue: int = 0) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
@@ -205,13 +213,13 @@ class BatchRunner:
         self.summary = BatchSummary()
         self._stops = 0
         self._abandoning = False
-        self._running: dict[asyncio.Task[Any], Flight] = {}  # started, deadline not passed
-        self._expiring: dict[asyncio.Task[Any], tuple[Flight, asyncio.TimerHandle]] = {}  # cancelled at it
-        self._deadlines: DeadlineQueue[asyncio.Task[Any]] | None = (
+        self._running: dict[SendTask, Flight] = {}  # started, deadline not passed
+        self._expiring: dict[SendTask, tuple[Flight, asyncio.TimerHandle]] = {}  # cancelled at it
+        self._deadlines: DeadlineQueue[SendTask] | None = (
             DeadlineQueue(deadline_s, self._expire) if deadline_s is not None else None)
         self._wake: asyncio.Future[None] | None = None  # `run` waits on it; anything that may unblock it sets it
         self._failures: list[Exception] = []
-        self._loop: asyncio.AbstractEventLoop | Any = None  # `run`'s
+        self._loop: asyncio.AbstractEventLoop | None = None  # `run`'s
 
     def stop(self) -> None:
         """First call: send nothing new, let in-flight requests finish. Second: abandon them."""
@@ -333,6 +341,7 @@ class BatchRunner:
         """What `run` awaits until something that may unblock it happens: a request settles, a stop, or
         `timeout` passes. (A future, not a coroutine: one frame less to resume per wake.)"""
         loop = self._loop
+        assert loop is not None  # set by `run`, the only caller
         wake = self._wake = loop.create_future()
         if timeout is not None:
             wake.add_done_callback(_cancel_timer(loop.call_later(timeout, _resolve, wake)))
@@ -362,7 +371,7 @@ class BatchRunner:
         self._running[task] = f
         task.add_done_callback(self._settled)
 
-    def _settled(self, task: "asyncio.Task[Any]") -> None:
+    def _settled(self, task: SendTask) -> None:
         f = self._running.pop(task, None)
         if f is None:
             held = self._expiring.pop(task, None)
@@ -383,7 +392,7 @@ class BatchRunner:
             return
         self._finish(f, _outcome(task))
 
-    def _expire(self, task: "asyncio.Task[Any]") -> None:
+    def _expire(self, task: SendTask) -> None:
         """Its deadline came first: cancel it and give it CANCEL_GRACE_S to unwind."""
         f = self._running.get(task)
         if f is None or task.done():  # answered just in time: its done callback is already queued
@@ -393,7 +402,7 @@ class BatchRunner:
         grace = task.get_loop().call_later(CANCEL_GRACE_S, self._grace_over, task)
         self._expiring[task] = (f, grace)
 
-    def _grace_over(self, task: "asyncio.Task[Any]") -> None:
+    def _grace_over(self, task: SendTask) -> None:
         """A sender that ignores cancel: left behind, recorded as the timeout it is."""
         held = self._expiring.pop(task, None)
         if held is not None:
@@ -411,7 +420,7 @@ class BatchRunner:
             mark = self.limiter.settled(f.ticket, outcome)
             settled = True
             if isinstance(outcome, AdmissionRejected) or f.attempts is not None:
-                f.attempts = (f.attempts or []) + [_attempt(e, outcome)]
+                f.attempts = (f.attempts or []) + [attempt_of(e, outcome)]
             if (isinstance(outcome, AdmissionRejected) and len(f.attempts or ()) <= self.requeue
                     and self._taking_up and not self._stops and not self._abandoning):
                 f.rejection, f.mark = outcome, mark
@@ -450,7 +459,7 @@ class BatchRunner:
         self._poke()
 
     def _lines(self, e: BatchEntry, outcome: Outcome,
-               attempts: list[dict[Keyword, Any]] | None = None) -> tuple[list[str], str]:
+               attempts: Attempts | None = None) -> tuple[list[str], str]:
         """The record's text and its outcome; a record that cannot be rendered is an :internal one."""
         try:
             if isinstance(outcome, KotobaError):
@@ -464,18 +473,19 @@ class BatchRunner:
         return [_writable(line) for line in lines], kind
 
 
-def _attempt(e: BatchEntry, outcome: Outcome) -> dict[Keyword, Any]:
-    """One attempt of a request that was rejected at admission at least once: when it ended, where, how."""
+def attempt_of(e: BatchEntry, outcome: FlowOutcome) -> EdnMap:
+    """One attempt of a request that was rejected at admission at least once: when it ended, where, how
+    (`:vllm/attempts` holds one per attempt, in `run`'s records and a Ray stage's alike)."""
     at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     if isinstance(outcome, KotobaError):
-        member = outcome.endpoint
-        out: dict[Keyword, Any] = {K_AT: at, K_MEMBER: member, K_OUTCOME: kw(outcome.kind)}
+        out: EdnMap = {K_AT: at, K_MEMBER: outcome.endpoint, K_OUTCOME: kw(outcome.kind)}
         if isinstance(outcome, AdmissionRejected):
             out[K_REASON] = outcome.reason
             out[K_RETRY_AFTER] = outcome.retry_after_s
         return out
-    resp = outcome[0] if isinstance(outcome, tuple) and outcome else None
-    member = getattr(resp, "extras", {}).get("pool/member") or getattr(resp, "endpoint_url", None)
+    resp = outcome[0] if outcome is not None else None
+    extras = getattr(resp, "extras", None)
+    member = (extras.get("pool/member") if isinstance(extras, dict) else None) or getattr(resp, "endpoint_url", None)
     return {K_AT: at, K_MEMBER: member, K_OUTCOME: kw("ok")}
 
 
@@ -488,7 +498,7 @@ def _resolve(f: "asyncio.Future[None]") -> None:
         f.set_result(None)
 
 
-def _outcome(task: "asyncio.Task[Any]") -> Outcome:
+def _outcome(task: SendTask) -> Outcome:
     """What a settled sender made of its entry: (response, deltas) or a typed error, never an exception."""
     if task.cancelled():
         return InternalError("CancelledError: the request was cancelled before it answered",
@@ -499,7 +509,7 @@ def _outcome(task: "asyncio.Task[Any]") -> Outcome:
     return exc if isinstance(exc, KotobaError) else InternalError.from_exception(exc)
 
 
-def _retrieve(task: "asyncio.Future[Any]") -> None:
+def _retrieve(task: SendTask) -> None:
     """Collect what an abandoned sender ends with, so asyncio never reports it as never retrieved."""
     if not task.cancelled():
         task.exception()

@@ -22,7 +22,7 @@ then a comparison of plain counts, and its `Admission` is one the view already m
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Collection, Sequence
 
 from .._errors import ConfigError
 from ._answer import CapacityAnswer, PoolCapacity
@@ -85,14 +85,16 @@ class CapacityView:
             return
         self._eligible, self._measured_free = candidates(self._order, by)
 
-    def decide(self, cap: PoolCapacity, affinity: str | None) -> Admission:
+    def decide(self, cap: PoolCapacity, affinity: str | None, among: Collection[str] | None = None) -> Admission:
+        """The member for one request on round `cap`; `among`: only these members may be chosen (a batch's flow
+        control: the members under their limits)."""
         if self._read is not cap:
             self._read_round(cap)
         eligible = self._eligible
-        if affinity is not None or not eligible:
+        if affinity is not None or not eligible or among is not None:
             freed = {m.rstrip("/") for m, t in self._last_done.items() if t > self.started}
-            return admit_in_order(self._order, self._by, affinity, inflight=self.inflight, freed=freed,
-                                  sent=self.sent)
+            order = self._order if among is None else [m for m in self._order if m in among]
+            return admit_in_order(order, self._by, affinity, inflight=self.inflight, freed=freed, sent=self.sent)
         # no member measured busy: the choice `admit_in_order` makes, from the candidates read once a round
         pick = least_loaded(eligible, self.inflight, self.sent)
         load = self.inflight.get(pick, 0) if self._measured_free else 0
@@ -101,9 +103,9 @@ class CapacityView:
             adm = self._made[(pick, load)] = independent_admission(pick, load, self._measured_free)
         return adm
 
-    def take(self, cap: PoolCapacity, affinity: str | None) -> Admission:
+    def take(self, cap: PoolCapacity, affinity: str | None, among: Collection[str] | None = None) -> Admission:
         """`decide`, and when a member is chosen, `begin` on it (one call per request)."""
-        adm = self.decide(cap, affinity)
+        adm = self.decide(cap, affinity, among)
         if adm.member is not None:
             self.begin(adm.member)
         return adm

@@ -23,11 +23,12 @@ from tqdm import tqdm
 from .._base_client import API_KEY_ENV, BASE_URL_ENV, DEFAULT_TIMEOUT
 from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
-from .._model import TEXT_REQUESTS, StreamDelta, to_edn
+from .._model import TEXT_REQUESTS, AnyResponse, StreamDelta, to_edn
 from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, FlowControl, OrderedSink, Recorder,
                      detect_format, batch_collector, iter_entries, journal_path, load_existing, new_prefix,
                      with_request_ids)
 from ..batch._background import background
+from ..batch._flow import DEFAULT_HEADROOM
 from ..batch._measured import ProbedCapacity, flow_control_for
 from ..batch._media import with_local_media
 from ..dialects import DIALECTS
@@ -115,7 +116,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "slots when its capacity is measured, a limit that halves on admission answers (429, "
                         "queue full) and grows back by one per limit's worth of answers while it is not "
                         "measured busy, a pause for its Retry-After (at most 60 s); --concurrency is the "
-                        "ceiling. off: always --concurrency")
+                        "ceiling. A pool (--pool, several --base-url) keeps a limit per member. off: always "
+                        "--concurrency")
+    p.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM, metavar="N",
+                   help="flow control leaves N slots of each member free for other clients (an interactive "
+                        "user): an engine that refuses past K in flight gets at most K-N of the batch's (at least "
+                        "1), and a member that counts its free slots (llama.cpp, SGLang) keeps N of them free "
+                        f"(default {DEFAULT_HEADROOM}: measured best on the real vLLM engine, docs/batch.md; 0: "
+                        "fill every slot)")
     ray = p.add_argument_group("Ray Data (pip install 'kotoba-vllm[ray]'; see docs/ray.md)")
     ray.add_argument("--ray", action="store_true",
                      help="run on Ray Data: --output is a directory of part files named by index range, "
@@ -222,7 +230,7 @@ def _flow_control(args: argparse.Namespace, client: AsyncClient | AsyncPool
     if args.flow_control == "off":
         return None, None
     return flow_control_for(client, args.concurrency, backend=args.backend, api_key=args.api_key,
-                            interval_s=args.capacity_interval)
+                            interval_s=args.capacity_interval, headroom=args.headroom)
 
 
 class FlowProgress:
@@ -252,6 +260,19 @@ def _formats(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.requeue_rejected < 0:
+        print("error: --requeue-rejected must be at least 0", file=sys.stderr)
+        return 2
+    if args.requeue_rejected and args.flow_control == "off":
+        print("error: --requeue-rejected needs --flow-control on (a request is sent again only after its "
+              "member's pause or a slot seen free)", file=sys.stderr)
+        return 2
+    if args.concurrency < 1:
+        print("error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    if args.headroom < 0:
+        print("error: --headroom must be at least 0", file=sys.stderr)
+        return 2
     if args.ray:
         try:
             from ..ray._driver import run_ray
@@ -267,16 +288,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.redo and not args.resume:
         print("error: --redo needs --resume (it rewrites records of an existing --output)", file=sys.stderr)
-        return 2
-    if args.requeue_rejected < 0:
-        print("error: --requeue-rejected must be at least 0", file=sys.stderr)
-        return 2
-    if args.requeue_rejected and args.flow_control == "off":
-        print("error: --requeue-rejected needs --flow-control on (a request is sent again only after its "
-              "member's pause or a slot seen free)", file=sys.stderr)
-        return 2
-    if args.concurrency < 1:
-        print("error: --concurrency must be at least 1", file=sys.stderr)
         return 2
     if args.capacity_interval is not None and not 0 <= args.capacity_interval < float("inf"):
         print("error: --capacity-interval must be a number of seconds >= 0", file=sys.stderr)
@@ -336,16 +347,24 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
         progress = tqdm(unit="req", desc="batch", file=sys.stderr, disable=None, mininterval=0.5,
                         initial=len(existing.done))
 
-    async def send(e: BatchEntry) -> tuple[Any, list[StreamDelta]]:
+    flow, measured = _flow_control(backend_args, client)
+    pool = client if isinstance(client, AsyncPool) else None
+
+    async def send(e: BatchEntry) -> tuple[AnyResponse, list[StreamDelta]]:
         req = e.request
         assert req is not None
         if local is not None and req.base_url is None:
             await local.ensure(client)
+        # a pool sends to the member flow control admitted the request to (it keeps a limit per member)
+        member = flow.placed(e) if pool is not None and flow is not None else None
+        among = (member,) if member is not None else None
         if args.background:
-            one = client if isinstance(client, AsyncClient) else next(iter(client.clients.values()))
+            one = client if isinstance(client, AsyncClient) else client.clients[member] if member else \
+                next(iter(client.clients.values()))
             req = background(req, await one.detect_backend(req.base_url if one is client else None))
         if (args.stream or req.stream) and out_fmt == "edn" and isinstance(req, TEXT_REQUESTS):
-            s = await client.stream(req, timeout=args.timeout)
+            s = await (pool.stream(req, timeout=args.timeout, among=among) if pool is not None
+                       else client.stream(req, timeout=args.timeout))
             deltas: list[StreamDelta] = []
             async for d in s:
                 deltas.append(d)
@@ -356,10 +375,12 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
                         out.write(dumps(to_edn(x)) + "\n")
                     out.flush()
                     deltas.clear()
+            assert s.response is not None  # read to its end
             return s.response, deltas
+        if pool is not None:
+            return await pool.send(req, timeout=args.timeout, checked=e.checked, among=among), []
         return await client.send(req, timeout=args.timeout, checked=e.checked), []
 
-    flow, measured = _flow_control(backend_args, client)
     if progress is not None and flow is not None:
         progress = FlowProgress(progress, flow)
     runner = BatchRunner(send, sink, Recorder(out_fmt, args.pretty), concurrency=args.concurrency,

@@ -573,7 +573,7 @@ class ChunkStream:
                         extras=self.extras)
 
 
-def schema_json(v: Any) -> Any:
+def schema_json(v: Edn) -> object:
     """A guided-json schema given as EDN data or as a JSON string -> JSON value."""
     if isinstance(v, str):
         try:

@@ -23,6 +23,7 @@ from .._errors import ConfigError, LocalServerError
 from ..local import LlamaServer
 from ..pool import load_pool_config
 from ._read import detect_input_format, read_requests
+from ..batch._flow import DEFAULT_HEADROOM
 from ._stage import RequestStage
 from ._summary import summary_edn
 from ._write import done_indices, part_files, records_datasink
@@ -35,7 +36,8 @@ def run_pipeline(input_path: str, output_dir: str, *, pool: Any, input_format: s
                  output_format: str | None = None, resume: bool = False, block_rows: int = 256,
                  actors: int = 2, actor_cpus: float = 0.5, concurrency: int = 8, timeout: float | None = None,
                  backend: str = "auto", stage: type[RequestStage] = RequestStage,
-                 stage_kwargs: dict[str, Any] | None = None, flow_control: bool = True) -> dict[str, Any]:
+                 stage_kwargs: dict[str, Any] | None = None, flow_control: bool = True, requeue_rejected: int = 0,
+                 headroom: int = DEFAULT_HEADROOM) -> dict[str, Any]:
     """Send every request of `input_path` through Ray Data (already initialised) into `output_dir`.
     Returns the counts (`outcomes`, `rows`, `sent`, `maybe_sent_twice`, `files`, `already_done`);
     writes `summary.edn`. `stage` and `stage_kwargs` let a caller run its own subclass."""
@@ -52,6 +54,7 @@ def run_pipeline(input_path: str, output_dir: str, *, pool: Any, input_format: s
     ds = read_requests(input_path, in_fmt, block_rows=block_rows, skip=skip)
     kwargs = {"pool": pool, "backend": backend, "concurrency": concurrency, "timeout": timeout,
               "intent_dir": intent, "flow_control": flow_control, "batch_lines": out_fmt == "jsonl",
+              "requeue_rejected": requeue_rejected, "headroom": headroom,
               **(stage_kwargs or {})}
     ds = ds.map_batches(stage, batch_size=block_rows, batch_format="pyarrow",
                         compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=actor_cpus,
@@ -124,7 +127,8 @@ def run_ray(args: argparse.Namespace) -> int:
                                  output_format=args.format, resume=args.resume, block_rows=args.block_rows,
                                  actors=args.ray_actors, actor_cpus=args.ray_actor_cpus,
                                  concurrency=args.concurrency, timeout=args.timeout, backend=backend,
-                                 flow_control=args.flow_control != "off")
+                                 flow_control=args.flow_control != "off", requeue_rejected=args.requeue_rejected,
+                                 headroom=args.headroom)
         except EdnError as e:  # the file's shape, found while planning its read (e.g. '[' never closed)
             print(f"error: {e}", file=sys.stderr)
             return 2

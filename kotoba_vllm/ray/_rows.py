@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import Mapping, cast
 
-from .._edn import EdnError, Keyword
+from .._edn import Edn, EdnError, Keyword
 from .._errors import AdmissionRejected, ConfigError, KotobaError, ValidationError
-from .._model import Figure
+from .._model import AnyResponse, Figure
 from .._requests import request_from_edn
 from .._validate import request_problems
 from ..batch import BatchEntry, Recorder, entry_from_form, line_to_entry, read_located, syntax_entry
@@ -134,9 +134,10 @@ def _figure(out: dict[str, object], prefix: str, fig: Figure) -> None:
     out[f"{prefix}_computed_from"] = ",".join(fig.computed_from) if fig.computed_from else None
 
 
-def ok_columns(e: BatchEntry, resp: object) -> dict[str, object]:
+def ok_columns(e: BatchEntry, resp: AnyResponse, attempts: list[dict[Keyword, Edn]] | None = None) -> dict[str, object]:
+    """`attempts`: every attempt of a request rejected at admission and sent again (the record's :vllm/attempts)."""
     out = _base(e)
-    out.update(ok=True, sent=True, record=_RECORDER.ok(e, resp, [])[-1])
+    out.update(ok=True, sent=True, record=_RECORDER.ok(e, resp, [], attempts)[-1])
     out["text"] = getattr(resp, "text", None)
     out["finish_reason"] = getattr(resp, "finish_reason", None)
     out["endpoint_url"] = getattr(resp, "endpoint_url", None)
@@ -154,9 +155,10 @@ def ok_columns(e: BatchEntry, resp: object) -> dict[str, object]:
     return out
 
 
-def error_columns(e: BatchEntry, err: KotobaError) -> dict[str, object]:
+def error_columns(e: BatchEntry, err: KotobaError, attempts: list[dict[Keyword, Edn]] | None = None
+                  ) -> dict[str, object]:
     out = _base(e)
-    out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err)[-1])
+    out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err, attempts)[-1])
     out["sent"] = not isinstance(err, ValidationError) and getattr(err, "sent", True)
     if isinstance(err, AdmissionRejected):
         out["admission_reason"] = err.reason
@@ -169,14 +171,15 @@ def invalid_columns(e: BatchEntry) -> dict[str, object]:
     return out
 
 
-def batch_line(e: BatchEntry, outcome: object) -> str:
+def batch_line(e: BatchEntry, outcome: AnyResponse | KotobaError | None,
+               attempts: list[dict[Keyword, Edn]] | None = None) -> str:
     """The run-batch JSONL line `run` writes for `e`: `outcome` is the response, the typed error, or None
     (invalid: nothing was sent)."""
     if outcome is None:
         return _LINES.invalid(e)[-1]
     if isinstance(outcome, KotobaError):
-        return _LINES.failed(e, outcome)[-1]
-    return _LINES.ok(e, outcome, [])[-1]
+        return _LINES.failed(e, outcome, attempts)[-1]
+    return _LINES.ok(e, outcome, [], attempts)[-1]
 
 
 def flag_maybe_sent_twice(cols: dict[str, object]) -> dict[str, object]:
