@@ -58,23 +58,24 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
-class PoolOptions(CommonOptions, total=False):
-    """`Pool(...)`'s keyword arguments after its members (forwarded by `Pool.from_config`)."""
+class _PoolOptions(CommonOptions, total=False):
+    """What `Pool(...)` and `AsyncPool(...)` take after their members, besides their own `http_client`."""
 
     probe_timeout: float | httpx.Timeout | None
     affinity_entries: int
     capacity_interval_s: float
     server_load_tracked: bool
+
+
+class PoolOptions(_PoolOptions, total=False):
+    """`Pool(...)`'s keyword arguments after its members (forwarded by `Pool.from_config`)."""
+
     http_client: httpx.Client | None
 
 
-class AsyncPoolOptions(CommonOptions, total=False):
+class AsyncPoolOptions(_PoolOptions, total=False):
     """`AsyncPool(...)`'s keyword arguments after its members."""
 
-    probe_timeout: float | httpx.Timeout | None
-    affinity_entries: int
-    capacity_interval_s: float
-    server_load_tracked: bool
     http_client: httpx.AsyncClient | None
 
 
