@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, TypeVar, overload
+from typing import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, TypedDict, TypeVar, overload
 
 import attrs
 import httpx
@@ -232,6 +232,35 @@ class AsyncStream:
         await self.aclose()
 
 
+class CommonOptions(TypedDict, total=False):
+    """The keyword arguments every client and pool takes (forwarded as `**options`, checked by name and type)."""
+
+    backend: str
+    api_key: str | None
+    timeout: float | httpx.Timeout | None
+    headers: Mapping[str, str] | None
+    model: str | None
+    deadline: float | None
+    stream_idle_s: float | None
+    max_response_bytes: int
+
+
+class ClientOptions(CommonOptions, total=False):
+    """`Client(...)`'s keyword arguments."""
+
+    verify: bool
+    http_client: httpx.Client | None
+    trusted_origins: Iterable[str]
+
+
+class AsyncClientOptions(CommonOptions, total=False):
+    """`AsyncClient(...)`'s keyword arguments."""
+
+    verify: bool
+    http_client: httpx.AsyncClient | None
+    trusted_origins: Iterable[str]
+
+
 class Client(BaseClient, EndpointCalls):
     """Synchronous client. `Client(base_url, backend="auto"|"vllm"|"sglang"|"llamacpp"|"openai")`.
 
@@ -404,8 +433,8 @@ class Client(BaseClient, EndpointCalls):
                            deadline=deadline)
 
     def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
-                   encoding_format: str | None = None) -> EmbeddingResponse:
-        return self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+                   encoding_format: str | None = None, request_id: str | int | None = None) -> EmbeddingResponse:
+        return self.send(checked(embedding_request(input, model, dimensions, encoding_format, request_id)))
 
     def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
         resp = self.send(req, timeout=timeout)
@@ -646,8 +675,8 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                                  timeout=timeout, deadline=deadline)
 
     async def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
-                         encoding_format: str | None = None) -> EmbeddingResponse:
-        return await self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+                         encoding_format: str | None = None, request_id: str | int | None = None) -> EmbeddingResponse:
+        return await self.send(checked(embedding_request(input, model, dimensions, encoding_format, request_id)))
 
     async def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
         resp = await self.send(req, timeout=timeout)
