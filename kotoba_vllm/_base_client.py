@@ -20,8 +20,8 @@ from ._memo import BoundedMemo
 from ._fields import KWARG_KEYS, version_problems
 from ._errors import (ConfigError, KotobaError, ProtocolError, Redirected, RequestTimeout, ResponseTooLarge,
                       ServerError, StreamBroken, TransportError, Unreachable, ValidationError, register_secret)
-from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, TEXT_REQUESTS, AnyResponse, ChatRequest,
-                     CompletionRequest,
+from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, SERVER_ID_ANSWERS, TEXT_REQUESTS, AnyResponse,
+                     ChatRequest, CompletionRequest,
                      GenerateRequest, Message, Request, Response, Sampling, StreamDelta, TextRequest)
 from ._openai_messages import MESSAGE_FIELDS, message_to_edn
 from ._origins import TrustedOrigins, origin_of, show
@@ -320,7 +320,7 @@ _Answer = TypeVar("_Answer", bound=AnyResponse)
 def with_server_id(resp: _Answer, server_request_id: str | None, sends: int = 1) -> _Answer:
     """The answer with the request id the server says it used (its `x-request-id` header), beside ours, and
     how many times the request was sent when that was more than once."""
-    if server_request_id is None and sends == 1 or not isinstance(resp, Response):
+    if server_request_id is None and sends == 1 or not isinstance(resp, SERVER_ID_ANSWERS):
         return resp
     return attrs.evolve(resp, server_request_id=server_request_id, sends=sends if sends > 1 else None)
 

@@ -404,8 +404,8 @@ class Client(BaseClient, EndpointCalls):
                            deadline=deadline)
 
     def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
-                   encoding_format: str | None = None) -> EmbeddingResponse:
-        return self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+                   encoding_format: str | None = None, request_id: str | int | None = None) -> EmbeddingResponse:
+        return self.send(checked(embedding_request(input, model, dimensions, encoding_format, request_id)))
 
     def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
         resp = self.send(req, timeout=timeout)
@@ -646,8 +646,8 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                                  timeout=timeout, deadline=deadline)
 
     async def embeddings(self, input: str | Iterable[str], *, model: str | None = None, dimensions: int | None = None,
-                         encoding_format: str | None = None) -> EmbeddingResponse:
-        return await self.send(checked(embedding_request(input, model, dimensions, encoding_format)))
+                         encoding_format: str | None = None, request_id: str | int | None = None) -> EmbeddingResponse:
+        return await self.send(checked(embedding_request(input, model, dimensions, encoding_format, request_id)))
 
     async def _typed(self, req: Request, cls: type[R], timeout: TimeoutArg) -> R:
         resp = await self.send(req, timeout=timeout)

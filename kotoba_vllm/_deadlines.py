@@ -11,7 +11,6 @@ on the wire (`task` set), otherwise it is marked `fired` and the next read raise
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from ._errors import RequestTimeout
 
@@ -21,7 +20,7 @@ class Watch:
 
     __slots__ = ("when", "task", "fired", "what", "limit_s")
 
-    def __init__(self, when: float, task: "asyncio.Task[Any] | None", what: str, limit_s: float) -> None:
+    def __init__(self, when: float, task: "asyncio.Task[object] | None", what: str, limit_s: float) -> None:
         self.when, self.task, self.what, self.limit_s = when, task, what, limit_s
         self.fired = False
 

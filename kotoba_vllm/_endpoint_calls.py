@@ -5,7 +5,7 @@ validation (an endpoint the engine lacks is refused by name, nothing sent), rend
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Iterable, Mapping, TypeVar, Union
 
 from ._base_client import TimeoutArg
 from ._codec import structure_located
@@ -18,6 +18,7 @@ from ._model import (CacheResetRequest, ClassifyRequest, ClassifyResponse, Contr
                      SlotRequest, to_edn)
 
 R = TypeVar("R")
+RequestId = Union[str, int, None]  # ours, sent where the engine reads one (:vllm/request-id)
 Q = TypeVar("Q", bound=Request)
 
 
@@ -39,16 +40,19 @@ def _texts(v: str | Iterable[str]) -> str | tuple[str, ...]:
 
 
 def embedding_request(input: str | Iterable[str], model: str | None, dimensions: int | None,
-                      encoding_format: str | None) -> EmbeddingRequest:
-    return EmbeddingRequest(input=_texts(input), model=model, dimensions=dimensions, encoding_format=encoding_format)
+                      encoding_format: str | None, request_id: RequestId = None) -> EmbeddingRequest:
+    return EmbeddingRequest(input=_texts(input), model=model, dimensions=dimensions, encoding_format=encoding_format,
+                            request_id=request_id)
 
 
-def rerank_request(query: str, documents: Iterable[str], model: str | None, top_n: int | None) -> RerankRequest:
-    return RerankRequest(query=query, documents=tuple(documents), model=model, top_n=top_n)
+def rerank_request(query: str, documents: Iterable[str], model: str | None, top_n: int | None,
+                   request_id: RequestId = None) -> RerankRequest:
+    return RerankRequest(query=query, documents=tuple(documents), model=model, top_n=top_n, request_id=request_id)
 
 
-def score_request(text_1: str | Iterable[str], text_2: str | Iterable[str], model: str | None) -> ScoreRequest:
-    return ScoreRequest(text_1=_texts(text_1), text_2=_texts(text_2), model=model)
+def score_request(text_1: str | Iterable[str], text_2: str | Iterable[str], model: str | None,
+                  request_id: RequestId = None) -> ScoreRequest:
+    return ScoreRequest(text_1=_texts(text_1), text_2=_texts(text_2), model=model, request_id=request_id)
 
 
 def scale_request(scales: Mapping[int, float]) -> LoraScaleRequest:
@@ -65,24 +69,26 @@ class EndpointCalls:
         return self._typed(checked(req), cls, timeout)
 
     def rerank(self, query: str, documents: Iterable[str], *, model: str | None = None, top_n: int | None = None,
-               timeout: TimeoutArg = None) -> RerankResponse:
+               timeout: TimeoutArg = None, request_id: RequestId = None) -> RerankResponse:
         """`/v1/rerank`: the documents, best first (vLLM, SGLang, llama.cpp with `--rerank`)."""
-        return self._typed_checked(rerank_request(query, documents, model, top_n), RerankResponse, timeout)
+        return self._typed_checked(rerank_request(query, documents, model, top_n, request_id), RerankResponse, timeout)
 
     def score(self, text_1: str | Iterable[str], text_2: str | Iterable[str], *, model: str | None = None,
-              timeout: TimeoutArg = None) -> ScoreResponse:
+              timeout: TimeoutArg = None, request_id: RequestId = None) -> ScoreResponse:
         """vLLM `/score`: one text against many, or pairwise."""
-        return self._typed_checked(score_request(text_1, text_2, model), ScoreResponse, timeout)
+        return self._typed_checked(score_request(text_1, text_2, model, request_id), ScoreResponse, timeout)
 
     def classify(self, input: str | Iterable[str], *, model: str | None = None,
-                 timeout: TimeoutArg = None) -> ClassifyResponse:
+                 timeout: TimeoutArg = None, request_id: RequestId = None) -> ClassifyResponse:
         """vLLM `/classify`."""
-        return self._typed_checked(ClassifyRequest(input=_texts(input), model=model), ClassifyResponse, timeout)
+        return self._typed_checked(ClassifyRequest(input=_texts(input), model=model, request_id=request_id),
+                                   ClassifyResponse, timeout)
 
     def pooling(self, input: str | Iterable[str], *, model: str | None = None, task: str | None = None,
-                timeout: TimeoutArg = None) -> PoolingResponse:
+                timeout: TimeoutArg = None, request_id: RequestId = None) -> PoolingResponse:
         """vLLM `/pooling`: the pooler's output as the server shapes it."""
-        return self._typed_checked(PoolingRequest(input=_texts(input), model=model, task=task), PoolingResponse, timeout)
+        return self._typed_checked(PoolingRequest(input=_texts(input), model=model, task=task, request_id=request_id),
+                                   PoolingResponse, timeout)
 
     def lora_adapters(self, *, timeout: TimeoutArg = None) -> LoraAdaptersResponse:
         return self._typed_checked(LoraListRequest(), LoraAdaptersResponse, timeout)
@@ -123,21 +129,23 @@ class AsyncEndpointCalls:
         return await self._typed(checked(req), cls, timeout)
 
     async def rerank(self, query: str, documents: Iterable[str], *, model: str | None = None,
-                     top_n: int | None = None, timeout: TimeoutArg = None) -> RerankResponse:
-        return await self._typed_checked(rerank_request(query, documents, model, top_n), RerankResponse, timeout)
+                     top_n: int | None = None, timeout: TimeoutArg = None, request_id: RequestId = None) -> RerankResponse:
+        return await self._typed_checked(rerank_request(query, documents, model, top_n, request_id), RerankResponse,
+                                         timeout)
 
     async def score(self, text_1: str | Iterable[str], text_2: str | Iterable[str], *, model: str | None = None,
-                    timeout: TimeoutArg = None) -> ScoreResponse:
-        return await self._typed_checked(score_request(text_1, text_2, model), ScoreResponse, timeout)
+                    timeout: TimeoutArg = None, request_id: RequestId = None) -> ScoreResponse:
+        return await self._typed_checked(score_request(text_1, text_2, model, request_id), ScoreResponse, timeout)
 
     async def classify(self, input: str | Iterable[str], *, model: str | None = None,
-                       timeout: TimeoutArg = None) -> ClassifyResponse:
-        return await self._typed_checked(ClassifyRequest(input=_texts(input), model=model), ClassifyResponse, timeout)
+                       timeout: TimeoutArg = None, request_id: RequestId = None) -> ClassifyResponse:
+        return await self._typed_checked(ClassifyRequest(input=_texts(input), model=model, request_id=request_id),
+                                         ClassifyResponse, timeout)
 
     async def pooling(self, input: str | Iterable[str], *, model: str | None = None, task: str | None = None,
-                      timeout: TimeoutArg = None) -> PoolingResponse:
-        return await self._typed_checked(PoolingRequest(input=_texts(input), model=model, task=task), PoolingResponse,
-                                 timeout)
+                      timeout: TimeoutArg = None, request_id: RequestId = None) -> PoolingResponse:
+        return await self._typed_checked(PoolingRequest(input=_texts(input), model=model, task=task,
+                                                        request_id=request_id), PoolingResponse, timeout)
 
     async def lora_adapters(self, *, timeout: TimeoutArg = None) -> LoraAdaptersResponse:
         return await self._typed_checked(LoraListRequest(), LoraAdaptersResponse, timeout)

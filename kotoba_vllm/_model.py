@@ -511,6 +511,9 @@ class EmbeddingResponse:
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    id: str | None = edn_field("vllm/id", STR)  # vLLM: "embd-" and the request id it used
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)
+    sends: int | None = edn_field("vllm/sends", INT)
 
 
 @register
@@ -577,6 +580,8 @@ class RerankResponse:
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
+    sends: int | None = edn_field("vllm/sends", INT)
 
 
 @register
@@ -589,6 +594,8 @@ class ScoreResponse:
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
+    sends: int | None = edn_field("vllm/sends", INT)
 
 
 @register
@@ -610,6 +617,8 @@ class ClassifyResponse:
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
+    sends: int | None = edn_field("vllm/sends", INT)
 
 
 @register
@@ -624,6 +633,8 @@ class PoolingResponse:
     backend: str | None = edn_field("vllm/backend", KW(*BACKENDS))
     endpoint_url: str | None = edn_field("vllm/endpoint-url", STR)
     request_id: str | int | None = edn_field("vllm/request-id", ONE_OF(STR, INT))
+    server_request_id: str | None = edn_field("vllm/server-request-id", STR)  # the server's x-request-id
+    sends: int | None = edn_field("vllm/sends", INT)
 
 
 @register
@@ -661,6 +672,8 @@ class ControlResponse:
 
 AnyResponse = Union[Response, EmbeddingResponse, TokenizeResponse, DetokenizeResponse, RerankResponse, ScoreResponse,
                     ClassifyResponse, PoolingResponse, LoraAdaptersResponse, ControlResponse]
+# answers that carry the server's own request id (its x-request-id) and how many times the request went out
+SERVER_ID_ANSWERS = (Response, EmbeddingResponse, RerankResponse, ScoreResponse, ClassifyResponse, PoolingResponse)
 
 
 T = TypeVar("T")

@@ -28,12 +28,16 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Sequence, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Sequence, TypeVar
 
 import httpx
 
 from ._client import AsyncClient, Client
 from ._errors import ConfigError, LocalServerError
+
+if TYPE_CHECKING:  # the local extra: types only (numpy is imported where a model is written)
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "GEMMA3_270M", "GGUF_VERSION_TAG", "LlamaServer", "LocalModel", "LocalServerError", "MODEL_NAMES", "RpcWorker",
@@ -207,9 +211,10 @@ def write_tiny_gguf(path: str | os.PathLike[str], *, seed: int = 0, n_ctx: int =
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 
-    def mat(rows: int, cols: int) -> Any:
+    def mat(rows: int, cols: int) -> npt.NDArray[np.float32]:
         # numpy (rows, cols) is ggml ne=[cols, rows]: rows are output features.
-        return (rng.standard_normal((rows, cols)) * (1.0 / np.sqrt(cols))).astype(np.float32)
+        m: npt.NDArray[np.float32] = (rng.standard_normal((rows, cols)) * (1.0 / np.sqrt(cols))).astype(np.float32)
+        return m
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
 
 R = TypeVar("R", bound=Request)
 C = TypeVar("C", Client, AsyncClient)  # a pool's member clients
+_Result = TypeVar("_Result")  # what a background task answers
 # How long the async pool keeps a probe connection idle: past the default interval plus a probe
 PROBE_KEEPALIVE_S = 5.0
 
@@ -219,7 +220,7 @@ class _PoolCore(Generic[C]):
         return resp
 
 
-def _retrieve(f: "asyncio.Future[Any]") -> None:
+def _retrieve(f: "asyncio.Future[_Result]") -> None:
     if not f.cancelled():
         f.exception()
 

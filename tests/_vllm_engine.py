@@ -72,7 +72,8 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "2", "--max-model-len", "8192"),
     # The tiny llama as a one-label sequence classifier: vLLM's own /rerank, /score, /classify, /pooling;
     # runtime LoRA loading and /reset_prefix_cache (CONFIG_ENV). Flags: kotoba_vllm/cassettes/_endpoint_sets.py.
-    "pooling": VLLM_POOLING_FLAGS,
+    # --enable-request-id-headers: as "default", the X-Request-Id read back (tests/test_endpoints_vllm_live.py)
+    "pooling": (*VLLM_POOLING_FLAGS, "--enable-request-id-headers"),
 }
 # name -> extra environment for that configuration only
 CONFIG_ENV: dict[str, dict[str, str]] = {"pooling": VLLM_POOLING_ENV}

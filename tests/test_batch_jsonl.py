@@ -62,7 +62,9 @@ def test_max_completion_tokens_and_completions_url() -> None:
 @pytest.mark.parametrize("text, code, field", [
     (line({"messages": [], "frobnicate": 1}), "batch/unknown-field", "body/frobnicate"),
     (line({"messages": [{"role": "user", "content": "x", "weight": 1}]}), "batch/unknown-field", "body/weight"),
-    (line({"messages": []}, "/v1/rerank"), "batch/url", "batch/url"),
+    (line({"input": "x"}, "/v1/classify"), "batch/url", "batch/url"),
+    (line({"query": "q", "documents": ["a"], "frobnicate": 1}, "/v1/rerank"), "batch/unknown-field", "body/frobnicate"),
+    (line({"text_1": "q", "queries": "q", "text_2": "a"}, "/score"), "batch/conflict", "body/queries"),
     (line({"messages": []}, method="GET"), "batch/method", "batch/method"),
     (json.dumps({"method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}), "batch/custom-id",
      "batch/custom_id"),
@@ -129,3 +131,97 @@ def test_jsonl_resume_reads_answered_positions_and_drops_a_torn_line(tmp_path: P
     existing = load_existing(str(out), "jsonl")
     assert existing.done == {0, 1, 2}
     assert out.read_text(encoding="utf-8").splitlines() == full  # the torn tail is gone
+
+
+# vLLM's RerankResponse and ScoreResponse (pooling/scoring/protocol.py, 0.32.0 and 0.33.0), as run-batch's body
+class _RerankDocument(pydantic.BaseModel):
+    text: Optional[str] = None
+
+
+class _RerankResult(pydantic.BaseModel):
+    index: int
+    document: _RerankDocument
+    relevance_score: float
+
+
+class _RerankUsage(pydantic.BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class VllmRerankResponse(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    id: str
+    model: str
+    usage: _RerankUsage
+    results: list[_RerankResult]
+
+
+class _ScoreData(pydantic.BaseModel):
+    index: int
+    object: str
+    score: float
+
+
+class _UsageInfo(pydantic.BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: Optional[int] = 0
+
+
+class VllmScoreResponse(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    id: str
+    object: str
+    created: int
+    model: str
+    data: list[_ScoreData]
+    usage: _UsageInfo
+
+
+@pytest.mark.parametrize("url", ["/v1/rerank", "/rerank", "/v2/rerank", "http://127.0.0.1:9/v1/rerank"])
+def test_run_batch_rerank_urls_map_to_the_typed_rerank(url: str) -> None:
+    e = line_to_entry(0, line({"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1, "user": "u"}, url),
+                      "f", 1)
+    r = e.request
+    assert e.sendable and r is not None and r.endpoint == "rerank" and r.request_id == "c1"
+    assert (r.query, r.documents, r.top_n, r.model) == ("q", ("a", "b"), 1, "m")
+    if "://" in url:
+        assert r.base_url == "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize("pair", [("text_1", "text_2"), ("queries", "documents"), ("queries", "items"),
+                                  ("data_1", "data_2")])
+@pytest.mark.parametrize("url", ["/score", "/v1/score"])
+def test_run_batch_score_urls_and_every_pair_form_map_to_the_typed_score(url: str, pair: tuple[str, str]) -> None:
+    e = line_to_entry(0, line({"model": "m", pair[0]: "q", pair[1]: ["a", "b"]}, url), "f", 1)
+    r = e.request
+    assert e.sendable and r is not None and r.endpoint == "score" and (r.text_1, r.text_2) == ("q", ("a", "b"))
+
+
+def test_classify_and_pooling_urls_say_run_batch_takes_neither() -> None:
+    for ep in ("classify", "pooling"):
+        e = line_to_entry(0, line({"input": "x"}, f"/{ep}"), "f", 1)
+        [p] = e.problems
+        assert p.field == "batch/url" and f":vllm/endpoint :{ep}" in p.msg
+
+
+def test_rerank_and_score_output_lines_are_vllms_run_batch_bodies() -> None:
+    from kotoba_vllm._model import RerankResponse, RerankResult, ScoreResponse
+
+    e = line_to_entry(0, line({"query": "q", "documents": ["a", "b"]}, "/v1/rerank"), "f", 1)
+    ranked = RerankResponse(results=(RerankResult(index=1, score=0.9, document="b"), RerankResult(index=0, score=0.1)),
+                            id="score-c1", model="m", usage=Usage(prompt_tokens=7, total_tokens=7),
+                            request_id="c1", server_request_id="c1")
+    out = json.loads(output_line(e, result=ranked))
+    assert out["custom_id"] == "c1" and out["error"] is None and out["response"]["status_code"] == 200
+    body = VllmRerankResponse.model_validate(out["response"]["body"])
+    assert [(x.index, x.relevance_score, x.document.text) for x in body.results] == [(1, 0.9, "b"), (0, 0.1, None)]
+    assert body.id == "score-c1" and out["kotoba"]["server_request_id"] == "c1"
+
+    e = line_to_entry(0, line({"text_1": "q", "text_2": ["a", "b"]}, "/score"), "f", 1)
+    scored = ScoreResponse(scores=(0.25, 0.75), model="m", usage=Usage(prompt_tokens=9, total_tokens=9))
+    out = json.loads(output_line(e, result=scored))
+    body2 = VllmScoreResponse.model_validate(out["response"]["body"])
+    assert [(d.index, d.score, d.object) for d in body2.data] == [(0, 0.25, "score"), (1, 0.75, "score")]
+    assert body2.usage.prompt_tokens == 9

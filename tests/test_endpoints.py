@@ -10,6 +10,7 @@ import base64
 import struct
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 
@@ -257,6 +258,76 @@ def test_control_answers_in_words_or_json() -> None:
                                             "loaded_adapters": {}})
     assert not failed.ok and failed.message == "no such adapter"
     assert failed.detail == {kw("success"): False, kw("error_message"): "no such adapter", kw("loaded_adapters"): {}}
+
+
+# ------------------------------------------------------------------ request ids on the pooling family
+
+# engine -> endpoint -> the body field its request model reads the id from (None: it has none, the header alone).
+# vLLM 0.32.0/0.33.0: every pooling request has request_id (PoolingBasicRequestMixin); SGLang 0.5.23:
+# EmbeddingRequest has rid, V1RerankReqInput nothing; llama.cpp reads no id.
+ID_FIELDS = {
+    "vllm": {"rerank": "request_id", "score": "request_id", "classify": "request_id", "pooling": "request_id",
+             "embedding": "request_id"},
+    "sglang": {"rerank": None, "embedding": "rid"},
+    "llamacpp": {"rerank": None, "embedding": None},
+}
+WITH_ID = {"embedding": EmbeddingRequest(input="a", model="m"),
+           **{ep: SAMPLES[ep] for ep in ("rerank", "score", "classify", "pooling")}}
+
+
+@pytest.mark.parametrize("engine,endpoint", [(e, ep) for e, eps in ID_FIELDS.items() for ep in eps])
+def test_the_request_id_goes_where_each_engine_reads_it(engine: str, endpoint: str) -> None:
+    req = WITH_ID[endpoint]
+    if engine == "sglang" and endpoint == "rerank":
+        req = RerankRequest(query="q", documents=("a",), model="m")  # SGLang ranks everything: no top_n
+    h = get_dialect(engine).render(attrs.evolve(req, request_id="rid-1"))
+    id_field = ID_FIELDS[engine][endpoint]
+    carried = {k: v for k, v in h.body.items() if v == "rid-1"}
+    assert carried == ({id_field: "rid-1"} if id_field else {})
+    assert h.headers["x-request-id"] == "rid-1"  # vLLM reads the header first; the others pass it to proxies
+
+
+def _echo_pooling(seen: Any) -> Any:
+    """Answers as vLLM does with --enable-request-id-headers: the id sent back in the header, and in the body id."""
+    from faultserver import reply
+    rid = seen.headers.get("x-request-id", "made-here")
+    body = seen.json() or {}
+    answers = {
+        "/v1/rerank": {"id": f"score-{rid}", "results": [{"index": 0, "relevance_score": 0.5}]},
+        "/score": {"id": f"score-{rid}", "data": [{"index": 0, "score": 0.5}]},
+        "/classify": {"id": f"classify-{rid}", "data": [{"index": 0, "probs": [1.0], "num_classes": 1}]},
+        "/pooling": {"id": f"pooling-{rid}", "data": [{"index": 0, "data": [0.5]}]},
+        "/v1/embeddings": {"id": f"embd-{rid}", "data": [{"index": 0, "embedding": [0.5]}]},
+    }
+    assert body.get("request_id") == rid
+    return reply(answers[seen.path], headers=[("x-request-id", rid)])
+
+
+POOLING_CALLS = {
+    "rerank": lambda c, rid: c.rerank("q", ["a"], request_id=rid),
+    "score": lambda c, rid: c.score("q", ["a"], request_id=rid),
+    "classify": lambda c, rid: c.classify("a", request_id=rid),
+    "pooling": lambda c, rid: c.pooling("a", request_id=rid),
+    "embedding": lambda c, rid: c.embeddings("a", request_id=rid),
+}
+
+
+def test_the_servers_id_comes_back_on_every_pooling_answer_sync_and_async() -> None:
+    from faultserver import FaultServer
+
+    async def go(url: str) -> list[Any]:
+        async with AsyncClient(url, backend="vllm") as a:
+            return [await call(a, f"a-{ep}") for ep, call in POOLING_CALLS.items()]
+
+    with FaultServer(_echo_pooling) as srv:
+        with Client(srv.base_url, backend="vllm") as c:
+            answers = [call(c, f"s-{ep}") for ep, call in POOLING_CALLS.items()]
+        answers += asyncio.run(go(srv.base_url))
+        assert len(srv.seen) == 2 * len(POOLING_CALLS)
+    for mode, r in zip(["s"] * 5 + ["a"] * 5, answers):
+        ours = r.request_id
+        assert ours.startswith(mode + "-") and r.server_request_id == ours and r.id.endswith("-" + ours)
+        assert to_edn(r)[kw("vllm/server-request-id")] == ours
 
 
 def test_a_pass_through_body_on_a_json_array_body_is_refused_by_name() -> None:

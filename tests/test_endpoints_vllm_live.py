@@ -122,3 +122,37 @@ def test_an_option_the_engine_refuses_is_its_own_typed_error(pooling: Any) -> No
     with Client(pooling.base_url, backend="vllm", model=pooling.model, timeout=120) as c:
         with pytest.raises(BadRequest):  # a classifier serves no embeddings: vLLM's own refusal
             c.embeddings("hello")
+
+
+def test_request_ids_reach_vllms_pooling_routes_and_come_back(pooling: Any) -> None:
+    """vLLM names its answer after the id it used ("<route prefix>-<id>", pooling/*/serving.py): ours, sent in
+    the body's request_id and the X-Request-Id header, and its header comes back as :vllm/server-request-id."""
+    async def go() -> Any:
+        async with AsyncClient(pooling.base_url, backend="vllm", model=pooling.model, timeout=120) as a:
+            return await a.classify(DOCS[:1], request_id="k-classify-async")
+
+    with Client(pooling.base_url, backend="vllm", model=pooling.model, timeout=120) as c:
+        answers = {"score": c.rerank("what is EDN", DOCS, request_id="k-rerank"),
+                   "score ": c.score("what is EDN", DOCS[:2], request_id="k-score"),
+                   "classify": c.classify(DOCS[:1], request_id="k-classify"),
+                   "pooling": c.pooling(DOCS[:1], request_id=7)}
+    answers["classify "] = asyncio.run(go())
+    for prefix, r in answers.items():
+        assert (r.id, r.server_request_id) == (f"{prefix.strip()}-{r.request_id}", str(r.request_id))
+
+
+def test_vllm_reads_the_pooling_request_id_from_the_body_alone(pooling: Any) -> None:
+    """The body field by itself (no header: a proxy may drop it) is the id vLLM uses."""
+    import json
+    import urllib.request
+
+    from kotoba_vllm._model import RerankRequest
+    from kotoba_vllm.dialects import get_dialect
+
+    http = get_dialect("vllm").render(RerankRequest(query="q", documents=("a",), model=pooling.model,
+                                                    request_id="body-only-1"))
+    assert http.body is not None and http.body["request_id"] == "body-only-1"
+    sent = urllib.request.Request(pooling.base_url + http.path, data=json.dumps(http.body).encode(),
+                                  headers={"content-type": "application/json"})  # no X-Request-Id
+    with urllib.request.urlopen(sent, timeout=120) as resp:
+        assert json.loads(resp.read())["id"] == "score-body-only-1"

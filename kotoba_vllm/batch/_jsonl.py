@@ -4,7 +4,9 @@ Input line (what `vllm run-batch` and the OpenAI Batch API take):
     {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
 The body's wire fields map back onto the EDN model (`max_tokens` -> `:vllm/max-tokens`,
 `messages` -> `:vllm/messages`, ...). A body field with no EDN meaning is a validation
-problem naming the line and the field, never dropped.
+problem naming the line and the field, never dropped. The urls are run-batch's (vLLM 0.32.0 and
+0.33.0 `launchers/run_batch.py`: chat, embeddings, and `/score`, `/rerank` matched by their ending),
+plus OpenAI's `/v1/completions`; run-batch takes no `/classify` or `/pooling` (write those in EDN).
 
 Output line (the shape of vLLM's `BatchRequestOutput`):
     {"id": "batch-..", "custom_id": "r1",
@@ -27,7 +29,7 @@ from .._codec import edn_to_json
 from .._edn import MAX_DEPTH, Edn, Keyword, kw
 from .._json import JsonObject, JsonValue
 from .._errors import InternalError, KotobaError, ServerError
-from .._model import EmbeddingResponse, Response, Usage, to_edn
+from .._model import EmbeddingResponse, RerankResponse, Response, ScoreResponse, Usage, to_edn
 from .._openai_messages import message_to_edn
 from .._problems import Problem
 from .._requests import request_from_edn
@@ -38,8 +40,10 @@ URL_ENDPOINTS: dict[str, str] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    "/v1/rerank": "rerank", "/v2/rerank": "rerank", "/rerank": "rerank",
+    "/v1/score": "score", "/score": "score",
 }
-ENDPOINT_URLS = {v: k for k, v in URL_ENDPOINTS.items()}
+ENDPOINT_URLS = {v: k for k, v in reversed(URL_ENDPOINTS.items())}  # each endpoint's first url
 
 # wire name -> EDN sampling key; the table is the single source, plus OpenAI's aliases.
 _SAMPLING_WIRE: dict[str, str] = {k.wire: k.key for k in SAMPLING_TABLE}
@@ -48,7 +52,12 @@ _TOP: dict[str, dict[str, str]] = {
     "chat": {"model": "vllm/model", "stream": "vllm/stream", "tools": "vllm/tools", "tool_choice": "vllm/tool-choice"},
     "completion": {"model": "vllm/model", "stream": "vllm/stream", "prompt": "vllm/prompt"},
     "embedding": {"model": "vllm/model", "input": "vllm/input"},
+    "rerank": {"model": "vllm/model", "query": "vllm/query", "documents": "vllm/documents", "top_n": "vllm/top-n"},
+    # vLLM's ScoreRequest forms: text_1/text_2, queries/documents, queries/items, data_1/data_2 (one pair each)
+    "score": {"model": "vllm/model", "text_1": "vllm/text-1", "text_2": "vllm/text-2", "queries": "vllm/text-1",
+              "documents": "vllm/text-2", "items": "vllm/text-2", "data_1": "vllm/text-1", "data_2": "vllm/text-2"},
 }
+_NO_SAMPLING = frozenset({"embedding", "rerank", "score"})
 # Wire fields that carry nothing to send; accepted and dropped on purpose.
 _IGNORED = {"stream_options", "user"}
 
@@ -77,13 +86,16 @@ def body_to_edn(body: JsonObject, endpoint: str, where: str) -> tuple[dict[Keywo
     top_logprobs: JsonValue = None
     for k, v in body.items():
         if k in top:
+            if kw(top[k]) in m:
+                problems.append(_problem("batch/conflict", f"body field {k!r} sets :{top[k]} a second time",
+                                         where, field=f"body/{k}"))
             m[kw(top[k])] = v
         elif k == "messages" and endpoint == "chat":
             m[kw("vllm/messages")] = [_message(x, i, where, problems) for i, x in enumerate(v)] \
                 if isinstance(v, list) else v
         elif k in _IGNORED:
             continue
-        elif endpoint == "embedding":
+        elif endpoint in _NO_SAMPLING:
             problems.append(_problem("batch/unknown-field", f"body field {k!r} has no EDN equivalent "
                                      f"for {ENDPOINT_URLS[endpoint]}", where, field=f"body/{k}"))
         elif k == "logprobs":
@@ -157,8 +169,11 @@ def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry
     base_url, url = _split_url(obj.get("url"))
     endpoint = URL_ENDPOINTS.get(url) if isinstance(url, str) else None
     if endpoint is None:
-        problems.append(_problem("batch/url", f"url {url!r} is not one of {', '.join(URL_ENDPOINTS)}", where,
-                                 field="batch/url"))
+        msg = f"url {url!r} is not one of {', '.join(URL_ENDPOINTS)}"
+        if isinstance(url, str) and url.rstrip("/").rsplit("/", 1)[-1] in ("classify", "pooling"):
+            ep = url.rstrip("/").rsplit("/", 1)[-1]
+            msg += f" (vLLM's run-batch takes no /{ep}; write it in EDN: {{:vllm/endpoint :{ep} ..}})"
+        problems.append(_problem("batch/url", msg, where, field="batch/url"))
     body = obj.get("body")
     if not isinstance(body, dict):
         problems.append(_problem("batch/body", "body must be a JSON object", where, field="batch/body"))
@@ -178,7 +193,7 @@ def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry
 def _split_url(url: object) -> tuple[str | None, object]:
     """An absolute `url` ("http://host:port/v1/chat/completions") -> (its server, the route)."""
     if isinstance(url, str) and "://" in url:
-        for route in URL_ENDPOINTS:
+        for route in sorted(URL_ENDPOINTS, key=len, reverse=True):  # "/v1/rerank" before "/rerank"
             if url.endswith(route) and len(url) > len(route):
                 return url[:-len(route)], route
     return None, url
@@ -224,6 +239,17 @@ def response_body(resp: object, endpoint: str) -> dict[str, object]:
                 "data": [{"object": "embedding", "index": i, "embedding": list(e)}
                          for i, e in enumerate(resp.embeddings)],
                 "usage": _usage(resp.usage) or {"prompt_tokens": 0, "total_tokens": 0}}
+    if isinstance(resp, RerankResponse):  # vLLM's RerankResponse (pooling/scoring/protocol.py)
+        u = _usage(resp.usage) or {}
+        return {"id": resp.id or f"score-{uuid.uuid4().hex}", "model": resp.model or "",
+                "usage": {"prompt_tokens": u.get("prompt_tokens", 0), "total_tokens": u.get("total_tokens", 0)},
+                "results": [{"index": r.index, "document": {"text": r.document}, "relevance_score": r.score}
+                            for r in resp.results]}
+    if isinstance(resp, ScoreResponse):  # vLLM's ScoreResponse
+        return {"id": resp.id or f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                "model": resp.model or "",
+                "data": [{"index": i, "object": "score", "score": x} for i, x in enumerate(resp.scores)],
+                "usage": _usage(resp.usage) or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
     assert isinstance(resp, Response)
     chat = endpoint == "chat"
     choices = []

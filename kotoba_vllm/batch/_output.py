@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import IO, Any, Iterable
+from typing import IO, Iterable, Mapping
 
-from .._edn import EdnError, dumps, kw, pretty
+from .._edn import Edn, EdnError, dumps, kw, pretty
 from ._edn_stream import FormStream
 from ._jsonl import line_index
 
@@ -38,7 +38,7 @@ class ExistingOutput:
         self.journal: dict[int, tuple[list[str], str]] = {}  # index -> (record text lines, outcome)
 
 
-def _edn_outcome(rec: dict[Any, Any]) -> str:
+def _edn_outcome(rec: Mapping[object, Edn]) -> str:
     err = rec.get(K_ERROR)
     return getattr(err, "name", None) or ("ok" if err is None else str(err))
 
@@ -201,6 +201,6 @@ class OrderedSink:
         self.out.flush()
 
 
-def render_edn(value: Any, pretty_print: bool) -> str:
+def render_edn(value: object, pretty_print: bool) -> str:
     return pretty(value) if pretty_print else dumps(value)
 

@@ -140,6 +140,7 @@ class Recorder:
             return [output_line(e, error=err, attempts=attempts)]
         rec = self._head(e)
         rec.update(err.to_edn())
+        rec[kw("vllm/where")] = e.where  # the request's file:line:column: an engine's refusal names it too
         if e.request is not None:
             rec[kw("vllm/request")] = request_to_edn(e.request)
         if attempts is not None:

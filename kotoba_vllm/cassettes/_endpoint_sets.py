@@ -198,6 +198,17 @@ def rerank_exchanges() -> list[Exchange]:
     ]
 
 
+def sglang_rerank_exchanges(model: str) -> list[Exchange]:
+    """SGLang's cross-encoder `/v1/rerank` (scripts/record-sglang --only rerank: a server with --is-embedding)."""
+    return [Exchange("rerank", "send", edn_request("rerank", query="what is EDN", documents=DOCUMENTS, model=model))]
+
+
+def sglang_control_exchanges() -> list[Exchange]:
+    """SGLang's `/flush_cache` (scripts/record-sglang --only control): idle, then with one request running."""
+    reset = edn_request("cache-reset")
+    return [Exchange("flush-cache", "send", reset), Exchange("flush-cache-busy", "send", reset, load=1)]
+
+
 def control_exchanges() -> list[Exchange]:
     s = {**_m(temperature=0.0, seed=42, max_tokens=4)}
     return [

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 
 from ..cassettes._field_sets import field_exchanges
-from ..cassettes._endpoint_sets import control_exchanges, rerank_exchanges, vllm_endpoint_exchanges
+from ..cassettes._endpoint_sets import (control_exchanges, rerank_exchanges, sglang_control_exchanges,
+                                        sglang_rerank_exchanges, vllm_endpoint_exchanges)
 from ..cassettes._recorder import (Exchange, config_exchanges, engine_exchanges, llamacpp_exchanges, record,
                                    sglang_exchanges)
 from ..cassettes._vllm_sets import vllm_exchanges
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "`router` for sglang-router in front of one; vllm: one per server configuration, see "
                         "scripts/record-vllm; pooling-model and control endpoints: `rerank` and `control` for "
                         "llama.cpp, `pooling` for vLLM, as scripts/record-llamacpp-endpoints and "
-                        "scripts/record-vllm-endpoints start them; `fields`: the request fields of issue 31, "
+                        "scripts/record-vllm-endpoints start them, `rerank` and `control` also for sglang; `fields`: the request fields of issue 31, "
                         "vllm and sglang, with --engine-received)")
     p.add_argument("--lora-path", default=None, help="--set pooling: a LoRA adapter directory the vLLM server can load")
     p.add_argument("--engine-received", default=None,
@@ -47,18 +48,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what was not the real engine, for :cassette/simulated (e.g. the engine core)")
 
 
-ENDPOINT_SETS = {"rerank": "llamacpp", "control": "llamacpp", "pooling": "vllm"}
+ENDPOINT_SETS = {"rerank": ("llamacpp", "sglang"), "control": ("llamacpp", "sglang"), "pooling": ("vllm",)}
 
 
 def endpoint_set(args: argparse.Namespace) -> list[Exchange] | str:
     """The pooling-model / control exchange set `--set` names, or why it cannot be sent."""
-    engine = ENDPOINT_SETS[args.set]
-    if args.engine != engine:
-        return f"--set {args.set} is a {engine} set"
+    engines = ENDPOINT_SETS[args.set]
+    if args.engine not in engines:
+        return f"--set {args.set} is a {' / '.join(engines)} set"
+    if args.set == "rerank" and args.engine == "sglang":
+        return sglang_rerank_exchanges(args.model) if args.model else "--set rerank on sglang needs --model"
     if args.set == "rerank":
         return rerank_exchanges()
     if args.set == "control":
-        return control_exchanges()
+        return sglang_control_exchanges() if args.engine == "sglang" else control_exchanges()
     if not args.model or not args.lora_path:
         return "--set pooling needs --model and --lora-path"
     return vllm_endpoint_exchanges(args.model, args.lora_path)

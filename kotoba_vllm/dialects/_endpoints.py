@@ -131,10 +131,11 @@ def _texts(v: str | tuple[str, ...]) -> str | list[str]:
     return v if isinstance(v, str) else list(v)
 
 
-def render_endpoint(req: Request, routes: dict[str, str],
-                    extras: dict[str, tuple[str, frozenset[str]]]) -> HttpRequest:
+def render_endpoint(req: Request, routes: dict[str, str], extras: dict[str, tuple[str, frozenset[str]]],
+                    request_id_field: str | None = None) -> HttpRequest:
     """The body and route of a pooling or control request (its endpoint is in `routes` and its extras in
-    the dialect's `extras` table: `problems` checked both)."""
+    the dialect's `extras` table: `problems` checked both); the request id in `request_id_field` where the
+    engine's request model has one (vLLM's pooling requests; SGLang's rerank has none: the header alone)."""
     ep = req.endpoint
     path = routes[ep]
     fields: dict[str, object] = {}
@@ -167,6 +168,8 @@ def render_endpoint(req: Request, routes: dict[str, str],
     for key, value in req.extras.items():  # only keys the dialect's extras table allows (`problems`)
         if isinstance(body, dict):
             body[extras[key][0]] = edn_to_json(value)
+    if request_id_field is not None and req.request_id is not None and isinstance(body, dict):
+        body[request_id_field] = str(req.request_id)
     if ep in GET_ENDPOINTS:
         return HttpRequest("GET", path, None)
     return HttpRequest("POST", path, body)

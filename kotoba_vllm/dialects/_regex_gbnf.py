@@ -23,11 +23,16 @@ import importlib
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import TYPE_CHECKING, Sequence, Union, cast
 
 # CPython's parser: private, but it is what `re` itself runs, unchanged in shape from 3.7 to 3.13
 # (3.11 renamed it and added atomic groups and possessive repeats, which we refuse by name).
-_sre: Any = importlib.import_module("re._parser" if sys.version_info >= (3, 11) else "sre_parse")
+if TYPE_CHECKING:  # typeshed describes it as sre_parse (its opcodes and SubPattern, the same in both)
+    import sre_parse as _sre
+else:
+    _sre = importlib.import_module("re._parser" if sys.version_info >= (3, 11) else "sre_parse")
+
+_Code = tuple[int, object]  # (opcode, its argument: a shape per opcode, read as such below)
 
 MAX_CODEPOINT = 0x10FFFF
 MAX_BOUND = 10_000  # largest {m,n} bound spelled out; the grammar grows linearly with it
@@ -211,15 +216,15 @@ def parse(pattern: str) -> Node:
         tree = _sre.parse(pattern)
     except (re.error, OverflowError) as e:
         raise _Refused(Untranslatable(str(e), invalid=True)) from None
-    return _Lowering().items(list(tree), tree.state.flags, True, True)
+    return _Lowering().items(tree.data, tree.state.flags, True, True)
 
 
-def _op(name: str) -> Any:
+def _op(name: str) -> int | None:
     return getattr(_sre, name, None)  # None for opcodes this Python does not have
 
 
 class _Lowering:
-    def items(self, items: list[tuple[Any, Any]], flags: int, at_start: bool, at_end: bool) -> Node:
+    def items(self, items: Sequence[_Code], flags: int, at_start: bool, at_end: bool) -> Node:
         if flags & _sre.SRE_FLAG_IGNORECASE:
             raise _refuse("case-insensitive matching (?i)")
         anchors = [op == _sre.AT for op, _ in items]
@@ -230,32 +235,35 @@ class _Lowering:
             out.append(self.one(op, av, flags, start, end))
         return seq(out)
 
-    def one(self, op: Any, av: Any, flags: int, at_start: bool, at_end: bool) -> Node:
+    def one(self, op: int, av: object, flags: int, at_start: bool, at_end: bool) -> Node:
         ascii_only = bool(flags & _sre.SRE_FLAG_ASCII)
         if op == _sre.LITERAL:
-            return chars(((av, av),))
+            c = cast(int, av)
+            return chars(((c, c),))
         if op == _sre.NOT_LITERAL:
-            return chars(complement(((av, av),)))
+            c = cast(int, av)
+            return chars(complement(((c, c),)))
         if op == _sre.ANY:
             return chars(((0, MAX_CODEPOINT),) if flags & _sre.SRE_FLAG_DOTALL else complement(((10, 10),)))
         if op == _sre.IN:
-            return chars(self.char_class(av, ascii_only))
+            return chars(self.char_class(cast("list[_Code]", av), ascii_only))
         if op == _sre.BRANCH:
-            return alt([self.items(list(b), flags, at_start, at_end) for b in av[1]])
+            branches = cast("tuple[None, list[_sre.SubPattern]]", av)[1]
+            return alt([self.items(b.data, flags, at_start, at_end) for b in branches])
         if op == _sre.SUBPATTERN:
-            _group, add, remove, p = av
-            return self.items(list(p), (flags | add) & ~remove, at_start, at_end)
+            _group, add, remove, p = cast("tuple[int | None, int, int, _sre.SubPattern]", av)
+            return self.items(p.data, (flags | add) & ~remove, at_start, at_end)
         if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT):  # lazy or greedy: same strings in a full match
-            lo, hi, p = av
+            lo, hi, p = cast("tuple[int, int, _sre.SubPattern]", av)
             bound = lo if hi == _sre.MAXREPEAT else hi
             if bound > MAX_BOUND:
                 raise _refuse(f"a repeat bound of {bound} (at most {MAX_BOUND} is spelled out)")
-            return repeat(self.items(list(p), flags, False, False), lo, None if hi == _sre.MAXREPEAT else hi)
+            return repeat(self.items(p.data, flags, False, False), lo, None if hi == _sre.MAXREPEAT else hi)
         if op == _sre.AT:
-            return self.anchor(av, at_start, at_end)
+            return self.anchor(cast(int, av), at_start, at_end)
         raise _refuse(self.describe(op, av))
 
-    def anchor(self, at: Any, at_start: bool, at_end: bool) -> Node:
+    def anchor(self, at: int, at_start: bool, at_end: bool) -> Node:
         if at in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING):
             if at_start:
                 return EMPTY
@@ -268,13 +276,13 @@ class _Lowering:
             raise _refuse("a word boundary (\\b or \\B)")
         raise _refuse(f"the anchor {at}")
 
-    def describe(self, op: Any, av: Any) -> str:
+    def describe(self, op: int, av: object) -> str:
         if op == _sre.GROUPREF:
             return f"a back-reference to group {av}"
         if op == _sre.GROUPREF_EXISTS:
             return "a conditional group (?(id)yes|no)"
         if op in (_sre.ASSERT, _sre.ASSERT_NOT):
-            kind = "look-ahead" if av[0] == 1 else "look-behind"
+            kind = "look-ahead" if cast("tuple[int, object]", av)[0] == 1 else "look-behind"
             return f"a {'negative ' if op == _sre.ASSERT_NOT else ''}{kind}"
         if op is not None and op == _op("ATOMIC_GROUP"):
             return "an atomic group (?>...)"
@@ -282,27 +290,30 @@ class _Lowering:
             return "a possessive repeat (*+, ++, ?+)"
         return f"the regex construct {op}"
 
-    def char_class(self, items: list[tuple[Any, Any]], ascii_only: bool) -> Ranges:
+    def char_class(self, items: Sequence[_Code], ascii_only: bool) -> Ranges:
         negate = False
         ranges: list[tuple[int, int]] = []
         for op, av in items:
             if op == _sre.NEGATE:
                 negate = True
             elif op == _sre.LITERAL:
-                ranges.append((av, av))
+                c = cast(int, av)
+                ranges.append((c, c))
             elif op == _sre.RANGE:
-                ranges.append((av[0], av[1]))
+                lo, hi = cast("tuple[int, int]", av)
+                ranges.append((lo, hi))
             elif op == _sre.CATEGORY:
-                ranges.extend(self.category(av, ascii_only))
+                ranges.extend(self.category(cast(int, av), ascii_only))
             else:
                 raise _refuse(f"the class item {op}")
         out = normalize(ranges)
         return complement(out) if negate else out
 
-    def category(self, cat: Any, ascii_only: bool) -> Ranges:
-        table = {_sre.CATEGORY_DIGIT: (r"\d", False), _sre.CATEGORY_NOT_DIGIT: (r"\d", True),
-                 _sre.CATEGORY_SPACE: (r"\s", False), _sre.CATEGORY_NOT_SPACE: (r"\s", True),
-                 _sre.CATEGORY_WORD: (r"\w", False), _sre.CATEGORY_NOT_WORD: (r"\w", True)}
+    def category(self, cat: int, ascii_only: bool) -> Ranges:
+        table: dict[int, tuple[str, bool]] = {
+            _sre.CATEGORY_DIGIT: (r"\d", False), _sre.CATEGORY_NOT_DIGIT: (r"\d", True),
+            _sre.CATEGORY_SPACE: (r"\s", False), _sre.CATEGORY_NOT_SPACE: (r"\s", True),
+            _sre.CATEGORY_WORD: (r"\w", False), _sre.CATEGORY_NOT_WORD: (r"\w", True)}
         if cat not in table:
             raise _refuse(f"the class {cat}")
         escape, negated = table[cat]

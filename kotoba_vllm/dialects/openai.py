@@ -53,6 +53,8 @@ class Dialect:
     # where the request id goes: a body field (vLLM `request_id`, SGLang `rid`) and/or the X-Request-Id header
     request_id_field: ClassVar[str | None] = None
     request_id_header: ClassVar[bool] = True
+    # the endpoints whose request model has that body field (the others get the header alone)
+    request_id_endpoints: ClassVar[frozenset[str]] = frozenset({"chat", "completion", "embedding"})
     # content part types this engine's chat route takes (OpenAI: text, images, inline audio)
     part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "input-audio"})
     # options of the pooling endpoints this engine applies (`_endpoints.OPTIONS`; OpenAI's embeddings have both)
@@ -132,7 +134,7 @@ class Dialect:
         path = self.routes[ep]
         if ep in ENDPOINTS_HERE:
             return render_endpoint(req, self.routes, {k: (o.wire, o.routes) for k, (_, o) in
-                                                      fields_on(self.name).items()})
+                                                      fields_on(self.name).items()}, self._request_id_field(ep))
         body: dict[str, object] = {}
         if req.model is not None:
             body["model"] = req.model
@@ -163,11 +165,16 @@ class Dialect:
             body["stream"] = True
             if self.streams_usage:
                 body["stream_options"] = {"include_usage": True}
-        if req.request_id is not None and self.request_id_field is not None:
-            body[self.request_id_field] = str(req.request_id)
+        if req.request_id is not None:
+            id_field = self._request_id_field(ep)
+            if id_field is not None:
+                body[id_field] = str(req.request_id)
         if req.extras:
             render_fields(self.name, ep, req.extras, body)
         return HttpRequest("POST", path, body, stream)
+
+    def _request_id_field(self, ep: str) -> str | None:
+        return self.request_id_field if ep in self.request_id_endpoints else None
 
     def render_message(self, m: Message) -> dict[str, object]:
         out: dict[str, object] = {"role": m.role}
@@ -353,7 +360,8 @@ class Dialect:
                      for v in (d.get("embedding", ()) for d in sorted(data, key=lambda d: d.get("index", 0))))
         return EmbeddingResponse(embeddings=vecs, model=str_or_none(obj.get("model")),
                                  usage=self.parse_usage(obj.get("usage")), backend=self.name,
-                                 endpoint_url=endpoint_url, request_id=req.request_id)
+                                 endpoint_url=endpoint_url, request_id=req.request_id,
+                                 id=str_or_none(obj.get("id")))
 
     def tokens_of(self, obj: Mapping[str, object]) -> list[int]:
         toks = obj.get("tokens")
@@ -565,7 +573,7 @@ class ChunkStream:
                         extras=self.extras)
 
 
-def schema_json(v: Any) -> Any:
+def schema_json(v: Edn) -> object:
     """A guided-json schema given as EDN data or as a JSON string -> JSON value."""
     if isinstance(v, str):
         try:

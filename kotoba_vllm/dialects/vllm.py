@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from .._model import Request, Sampling
 from .._problems import Problem
+from ._endpoints import POOLING_ENDPOINTS
 from .openai import Dialect, schema_json
 
 VLLM_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "presence_penalty",
@@ -44,6 +45,8 @@ class VllmDialect(Dialect):
     part_types: ClassVar[frozenset[str]] = frozenset({"text", "image-url", "audio-url", "video-url",
                                                      "input-audio", "image-embeds"})
     request_id_field: ClassVar[str | None] = "request_id"  # vLLM reads X-Request-Id first, then this
+    # every pooling request model has it too (PoolingBasicRequestMixin, vLLM 0.32.0 and 0.33.0)
+    request_id_endpoints: ClassVar[frozenset[str]] = Dialect.request_id_endpoints | POOLING_ENDPOINTS
     sampling_support: ClassVar[dict[str, frozenset[str]]] = {"chat": VLLM_SAMPLING, "completion": VLLM_SAMPLING}
 
     def problems(self, req: Request) -> list[Problem]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from typing import IO, Any, Iterable
+from typing import IO, Iterable
 
 BUCKET = 4096
 
@@ -32,11 +32,11 @@ class IntentLog:
     def _dir(self, bucket: int) -> str:
         return os.path.join(self.directory, f"{bucket:08d}")
 
-    def earlier(self, indices: Iterable[int]) -> tuple[set[int], dict[int, dict[str, Any]]]:
+    def earlier(self, indices: Iterable[int]) -> tuple[set[int], dict[int, dict[str, object]]]:
         """(indices sent without an answer, finished rows by index) left by earlier attempts."""
         wanted = set(indices)
         sent: set[int] = set()
-        done: dict[int, dict[str, Any]] = {}
+        done: dict[int, dict[str, object]] = {}
         for bucket in sorted({i // BUCKET for i in wanted}):
             d = self._dir(bucket)
             try:
@@ -72,7 +72,7 @@ class IntentLog:
         fh.write(f'{{"sent": {index}}}\n')
         fh.flush()  # survives the death of this process (not of the machine: no fsync per request)
 
-    def done(self, index: int, row: dict[str, Any]) -> None:
+    def done(self, index: int, row: dict[str, object]) -> None:
         fh = self._file(index)
         fh.write(json.dumps({"done": index, "row": row}, ensure_ascii=False) + "\n")
         fh.flush()

@@ -76,7 +76,7 @@ def chat(text: str, **kv: Any) -> dict[Keyword, Any]:
 
 def make(engine: str, backend: str, prov: dict[Keyword, Any], ex: Exchange, status: int, headers: dict[str, str],
          body: bytes | None = None, chunks: tuple[bytes, ...] | None = None) -> Cassette:
-    method, path, req_body, endpoint = _wire(ex, backend)
+    method, path, req_body, endpoint, sent_headers = _wire(ex, backend)
     raw = b"".join(chunks) if chunks is not None else (body or b"")
     call: dict[Keyword, Any] = {kw("call/op"): kw(ex.op)}
     if ex.request is not None:
@@ -84,7 +84,7 @@ def make(engine: str, backend: str, prov: dict[Keyword, Any], ex: Exchange, stat
     expect = expect_for(ex.op, endpoint, backend, status, headers, raw, chunks is not None, path)
     return Cassette(name=ex.name, engine=engine, backend=backend, provenance=prov, call=call, method=method,
                     path=path, request_body=req_body, status=status, headers=headers, body=body, chunks=chunks,
-                    expect=expect)
+                    expect=expect, request_headers=sent_headers)
 
 
 SAMPLING = _m(temperature=0.7, max_tokens=16)

@@ -1,7 +1,8 @@
-"""Write the DERIVED SGLang cassettes of the pooling-model and control endpoints (rerank, LoRA, flush_cache).
+"""Write the DERIVED SGLang cassettes of the LoRA endpoints.
 
-No SGLang environment exists on this machine this session (the 0.5.23 recording environment of
-scripts/record-sglang is not installed), so these answers are written by hand from SGLang's own code, read
+`/flush_cache` and `/v1/rerank` are recorded from SGLang 0.5.23's serving layer (scripts/record-sglang
+--only control / --only rerank) and never replaced here. LoRA stays derived: it needs SGLang's adapter
+manager, which the fake scheduler does not have, so these answers are written by hand from SGLang's own code, read
 with the code index, not copied: `serving_rerank.py` (a bare list of {score, document, index, meta_info},
 sorted best first), `protocol.py` (V1RerankReqInput, RerankResponse), `http_server.py` (`/flush_cache`
 answers text, 200 or 400; `/load_lora_adapter` and `/unload_lora_adapter` answer
@@ -23,14 +24,14 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 from derive import JSON_CT, SGL_MODEL, j, make  # noqa: E402
 from kotoba_vllm._edn import kw  # noqa: E402
-from kotoba_vllm.cassettes import Cassette, write_cassette  # noqa: E402
+from kotoba_vllm.cassettes import Cassette, read_cassette, write_cassette  # noqa: E402
 from kotoba_vllm.cassettes._recorder import Exchange, edn_request  # noqa: E402
 
 DATE = "2026-12-01"
-NOTE = ("derived: recording tried — scripts/record-sglang needs the SGLang 0.5.23 environment (about 6 GB: "
-        "torch 2.14.1, the sglang wheel, a fake scheduler), which is not installed on this machine this session; "
-        "a cross-encoder rerank also needs SGLang's embedding scheduler path, which the fake scheduler does not "
-        "answer. Re-record when that environment returns.")
+NOTE = ("derived: recording tried — with the SGLang 0.5.23 environment built (scripts/record-sglang), "
+        "/flush_cache and a cross-encoder /v1/rerank are recorded from SGLang's serving layer (--only control, "
+        "--only rerank); LoRA needs SGLang's adapter manager (--enable-lora, LoRAManager loading real adapter "
+        "weights in the scheduler), which the fake scheduler does not have.")
 PROV = {
     kw("cassette/how"): kw("derived"),
     kw("cassette/engine-version"): "sglang main (serving_rerank.py @15bb7d4e, protocol.py, http_server.py)",
@@ -44,9 +45,6 @@ PROV = {
         "finish_reason, prompt_tokens, weight_version)"),
     kw("cassette/note"): NOTE,
 }
-TEXT_CT = {"content-type": "text/plain; charset=utf-8"}
-FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-           "requests, the operation will not be performed.)\n")
 
 
 def meta(i: int, prompt_tokens: int) -> dict[str, object]:
@@ -79,17 +77,19 @@ def sglang_endpoints() -> list[Cassette]:
                   "root": "/adapters/sql-lora", "parent": M, "max_model_len": 131072}]})),
         make(E, E, P, Exchange("lora-unload", "send", edn_request("lora-unload", lora_name="sql")), 200, JSON_CT,
              j({"success": True, "error_message": None, "loaded_adapters": {}})),
-        make(E, E, P, Exchange("flush-cache", "send", edn_request("cache-reset")), 200, TEXT_CT, FLUSHED.encode()),
-        make(E, E, P, Exchange("flush-cache-busy", "send", edn_request("cache-reset")), 400, TEXT_CT,
-             FLUSHED.encode()),
+        # flush-cache and flush-cache-busy are recorded from SGLang's serving layer (scripts/record-sglang --only control)
     ]
 
 
 def main() -> None:
     d = HERE / "sglang-endpoints"
+    recorded = set()
     for old in d.glob("*.edn") if d.is_dir() else ():
-        old.unlink()
-    cassettes = sglang_endpoints()
+        if read_cassette(old).how == "derived":
+            old.unlink()
+        else:  # scripts/record-sglang's: never replaced by a derived one
+            recorded.add(old.stem)
+    cassettes = [c for c in sglang_endpoints() if c.name not in recorded]
     for c in cassettes:
         write_cassette(c, d)
     print(f"{len(cassettes)} derived cassettes written to {d}", file=sys.stderr)

@@ -13,7 +13,9 @@ are SGLang's `FINISH_LENGTH` / `FINISH_MATCHED_TOKEN`; scheduler gauges go throu
 
 `ignore_eos` and `min_new_tokens` are kept (the fake model says its pattern again instead of EOS:
 SGLang checks both scheduler-side); `logit_bias` is not applied (no sampler). Priorities go through
-SGLang's own `Scheduler._set_or_validate_priority`. With KOTOBA_FAKE_RECEIVED=path, one JSON line per
+SGLang's own `Scheduler._set_or_validate_priority`; `/flush_cache` through SGLang's own
+`SchedulerFlushWrapper`, flushing (no pools here) only when no request runs or waits, as
+`Scheduler.flush_cache` does. With KOTOBA_FAKE_RECEIVED=path, one JSON line per
 request: what SGLang's TokenizerManager handed the scheduler (rid, prompt length, priority, cache
 salt, sampling params), which the recorder keeps in the exchange's cassette.
 """
@@ -111,6 +113,13 @@ class FakeScheduler:
         shell.enable_hierarchical_cache = False
         shell.page_size = 1
         self.admission = shell
+        from sglang.srt.managers.scheduler_components.flush_wrapper import SchedulerFlushWrapper
+        # Scheduler.flush_cache's own rule: flush (here: nothing to free) only when fully idle.
+        self.flush = SchedulerFlushWrapper(flush_cache=self._idle, is_fully_idle=self._idle,
+                                           send_output=self.channels.send_to_tokenizer.send_output)
+
+    def _idle(self) -> bool:
+        return not self.running and not self.waiting
 
     def _metrics_collector(self) -> Any:
         from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
@@ -142,6 +151,7 @@ class FakeScheduler:
                 self._drain(sock)
             if self.running or self.waiting:
                 self._step()
+            self.flush.check_pending()
             self._log_stats()
 
     def _drain(self, sock: Any) -> None:
@@ -160,6 +170,11 @@ class FakeScheduler:
         elif isinstance(msg, io.BatchTokenizedGenerateReqInput):
             for one in msg:
                 self._admit(one)
+        elif isinstance(msg, io.TokenizedEmbeddingReqInput):
+            self._score(msg)
+        elif isinstance(msg, io.BatchTokenizedEmbeddingReqInput):
+            for one in msg:
+                self._score(one)
         elif isinstance(msg, io.AbortReq):
             self._drop(msg)
         elif isinstance(msg, io.GetInternalStateReq):
@@ -171,7 +186,32 @@ class FakeScheduler:
             state.pop("custom_sigquit_handler", None)
             out = io.GetInternalStateReqOutput(internal_state=msgspec_to_builtins(state))
             self.channels.send_to_tokenizer.send_output(out, msg)
+        elif isinstance(msg, io.FlushCacheReqInput):  # through SGLang's own SchedulerFlushWrapper
+            out = self.flush.handle(msg)
+            if out is not None:
+                self.channels.send_to_tokenizer.send_output(out, msg)
         # other control messages (weights, profiling, sessions) have no model to act on here
+
+    def _score(self, msg: Any) -> None:
+        """The fake cross-encoder (a server started with --is-embedding): one score per (query, document)
+        pair, the share of its token ids that occur more than once (overlap, with no weights behind it)."""
+        from sglang.srt.managers.io_struct import BatchEmbeddingOutput, unwrap_from_pickle, wrap_as_pickle
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+        from sglang.srt.observability.req_time_stats import SchedulerReqTimeStats
+        ids = list(msg.input_ids or ())
+        stats = SchedulerReqTimeStats.new_from_obj(unwrap_from_pickle(msg.time_stats))
+        stats.set_scheduler_recv_time()
+        stats.set_forward_entry_time()
+        time.sleep(PREFILL_S)
+        stats.set_prefill_finished_time()
+        stats.set_completion_time()
+        out = BatchEmbeddingOutput(
+            rids=[msg.rid], http_worker_ipcs=[msg.http_worker_ipc],
+            finished_reasons=[FINISH_LENGTH(length=0).to_json()],
+            embeddings=[round((len(ids) - len(set(ids))) / max(1, len(ids)), 4)], prompt_tokens=[len(ids)],
+            cached_tokens=[0], placeholder_tokens_idx=None, placeholder_tokens_val=None, retraction_counts=[0],
+            time_stats=wrap_as_pickle([stats]))
+        self.channels.send_to_detokenizer.send_output(out, msg)
 
     def _admit(self, msg: Any) -> None:
         from sglang.srt.managers.io_struct import unwrap_from_pickle
