@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, TypeVar, overload
+from typing import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, TypedDict, TypeVar, overload
 
 import attrs
 import httpx
@@ -230,6 +230,35 @@ class AsyncStream:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class CommonOptions(TypedDict, total=False):
+    """The keyword arguments every client and pool takes (forwarded as `**options`, checked by name and type)."""
+
+    backend: str
+    api_key: str | None
+    timeout: float | httpx.Timeout | None
+    headers: Mapping[str, str] | None
+    model: str | None
+    deadline: float | None
+    stream_idle_s: float | None
+    max_response_bytes: int
+
+
+class ClientOptions(CommonOptions, total=False):
+    """`Client(...)`'s keyword arguments."""
+
+    verify: bool
+    http_client: httpx.Client | None
+    trusted_origins: Iterable[str]
+
+
+class AsyncClientOptions(CommonOptions, total=False):
+    """`AsyncClient(...)`'s keyword arguments."""
+
+    verify: bool
+    http_client: httpx.AsyncClient | None
+    trusted_origins: Iterable[str]
 
 
 class Client(BaseClient, EndpointCalls):

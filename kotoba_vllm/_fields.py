@@ -343,6 +343,8 @@ REFUSED_BODY_KEYS = frozenset({"api_key", "base_url", "url", "authorization"})
 
 BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS if f.engines}
 BY_KWARG: dict[str, Field] = {f.kwarg: f for f in FIELDS if f.engines}
+# (engine, the name it reads) -> our key: a pass-through key the SDK could have checked
+WIRE_KEYS: dict[tuple[str, str], str] = {(e, on.wire): f.key for f in FIELDS for e, on in f.engines.items()}
 assert len(BY_KWARG) == len(BY_KEY), "two fields share a keyword argument"
 SHARED_KEYS = frozenset(k for k in BY_KEY if k.startswith("vllm/")) | frozenset(PASS_THROUGH)
 KWARG_KEYS: dict[str, str] = {**{f.kwarg: f.key for f in BY_KEY.values()},
@@ -419,6 +421,13 @@ def _pass_through_problems(key: str, v: Edn) -> list[Problem]:
     return out
 
 
+def _unchecked_why(engine: str, wire: str) -> str:
+    """Why a pass-through key goes unchecked: unknown to the SDK, or known under a key that would check it."""
+    known = WIRE_KEYS.get((engine, wire))
+    return (f"the SDK checks it as :{known} ({wire}=) - pass it that way to have it validated" if known
+            else "the SDK does not know this field")
+
+
 def engine_problems(engine: str, route: str, extras: Mapping[str, Edn]) -> list[Problem]:
     """What `engine` would ignore or refuse on `route`, and its own rules on the values."""
     out: list[Problem] = []
@@ -427,7 +436,8 @@ def engine_problems(engine: str, route: str, extras: Mapping[str, Edn]) -> list[
         if f is None:
             if key in PASS_THROUGH:
                 out.extend(Problem("warn", "request/unchecked", f":{key} {_name_text(k)!r} goes to {engine} "
-                                   "unchecked: the SDK does not know this field", field=key, engine=engine)
+                                   f"unchecked: {_unchecked_why(engine, str(_name_text(k)))}", field=key,
+                                   engine=engine)
                            for k in v) if isinstance(v, dict) else ()
             continue
         where = f.engines.get(engine)

@@ -28,16 +28,17 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Sequence, TypeVar
+from typing import IO, TYPE_CHECKING, Sequence, TypeVar
 
 import httpx
 
-from ._client import AsyncClient, Client
+from ._client import AsyncClient, AsyncClientOptions, Client, ClientOptions
 from ._errors import ConfigError, LocalServerError
 
 if TYPE_CHECKING:  # the local extra: types only (numpy is imported where a model is written)
     import numpy as np
     import numpy.typing as npt
+    from typing_extensions import Unpack
 
 __all__ = [
     "GEMMA3_270M", "GGUF_VERSION_TAG", "LlamaServer", "LocalModel", "LocalServerError", "MODEL_NAMES", "RpcWorker",
@@ -654,16 +655,18 @@ class LlamaServer(_Managed):
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def client(self, **kwargs: Any) -> Client:
+    def client(self, **kwargs: Unpack[ClientOptions]) -> Client:
         """A `Client` for this server that knows it: a call in flight when the server dies raises
         `LocalServerError` naming the signal, with the tail of its log, instead of a transport error."""
-        c = Client(self.base_url, backend=kwargs.pop("backend", "llamacpp"), **kwargs)
+        kwargs.setdefault("backend", "llamacpp")
+        c = Client(self.base_url, **kwargs)
         c.managed_server = self
         return c
 
-    def async_client(self, **kwargs: Any) -> AsyncClient:
+    def async_client(self, **kwargs: Unpack[AsyncClientOptions]) -> AsyncClient:
         """The `AsyncClient` twin of `client()`."""
-        c = AsyncClient(self.base_url, backend=kwargs.pop("backend", "llamacpp"), **kwargs)
+        kwargs.setdefault("backend", "llamacpp")
+        c = AsyncClient(self.base_url, **kwargs)
         c.managed_server = self
         return c
 

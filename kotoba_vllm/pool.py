@@ -32,14 +32,14 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Collection, Generic, Iterator, Mapping, Sequence, TypeVar, overload
+from typing import TYPE_CHECKING, AsyncIterator, Collection, Generic, Iterator, Mapping, Sequence, TypeVar, overload
 
 import attrs
 import httpx
 
 from ._base_client import (DeadlineArg, MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
                            server_root, streaming, to_request)
-from ._client import AsyncClient, AsyncStream, Client, Stream
+from ._client import AsyncClient, AsyncStream, Client, CommonOptions, Stream
 from ._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire, default_sync_wire, default_wire
 from ._wire_core import DEFAULT_MAX_BYTES, PROBE_MAX_BYTES
 from ._codec import BOOL, KW, MANY, NUM, STR, keep_extra_text
@@ -53,6 +53,31 @@ from .capacity._answer import PoolCapacity
 from .capacity._probe import PROBE_TIMEOUT, aprobe_endpoints, now_iso, probe_deadline, probe_endpoints
 from .capacity._verdict import Admission, merge_pool_capacity
 from .capacity._view import DEFAULT_INTERVAL_S, CapacityView
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class _PoolOptions(CommonOptions, total=False):
+    """What `Pool(...)` and `AsyncPool(...)` take after their members, besides their own `http_client`."""
+
+    probe_timeout: float | httpx.Timeout | None
+    affinity_entries: int
+    capacity_interval_s: float
+    server_load_tracked: bool
+
+
+class PoolOptions(_PoolOptions, total=False):
+    """`Pool(...)`'s keyword arguments after its members (forwarded by `Pool.from_config`)."""
+
+    http_client: httpx.Client | None
+
+
+class AsyncPoolOptions(_PoolOptions, total=False):
+    """`AsyncPool(...)`'s keyword arguments after its members."""
+
+    http_client: httpx.AsyncClient | None
+
 
 R = TypeVar("R", bound=Request)
 C = TypeVar("C", Client, AsyncClient)  # a pool's member clients
@@ -319,7 +344,7 @@ class Pool(_PoolCore[Client]):
                                             thread_name_prefix="kotoba-capacity")
 
     @classmethod
-    def from_config(cls, config: PoolConfig, **kwargs: Any) -> "Pool":
+    def from_config(cls, config: PoolConfig, **kwargs: Unpack[PoolOptions]) -> "Pool":
         kwargs.setdefault("backend", config.backend)
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)
@@ -521,7 +546,7 @@ class AsyncPool(_PoolCore[AsyncClient]):
                               httpx.Limits(max_connections=None, keepalive_expiry=PROBE_KEEPALIVE_S), PROBE_MAX_BYTES))
 
     @classmethod
-    def from_config(cls, config: PoolConfig, **kwargs: Any) -> "AsyncPool":
+    def from_config(cls, config: PoolConfig, **kwargs: Unpack[AsyncPoolOptions]) -> "AsyncPool":
         kwargs.setdefault("backend", config.backend)
         kwargs.setdefault("probe_timeout", config.probe_timeout_s)
         kwargs.setdefault("model", config.model)

@@ -156,3 +156,33 @@ def test_vllm_reads_the_pooling_request_id_from_the_body_alone(pooling: Any) -> 
                                   headers={"content-type": "application/json"})  # no X-Request-Id
     with urllib.request.urlopen(sent, timeout=120) as resp:
         assert json.loads(resp.read())["id"] == "score-body-only-1"
+
+
+def test_run_batch_rerank_and_score_lines_on_vllm_read_back_by_vllms_own_models(pooling: Any, tmp_path: Path) -> None:
+    """A run-batch JSONL file with /v1/rerank and /score lines, run against the real engine: each output line is
+    one vLLM's own BatchRequestOutput (launchers/run_batch.py, in the engine's environment) accepts, its body a
+    RerankResponse / ScoreResponse, and the engine used our custom_id as its request id."""
+    import json
+
+    from kotoba_vllm.cli import main
+
+    src = tmp_path / "batch.jsonl"
+    lines = [{"custom_id": "rr-1", "method": "POST", "url": "/v1/rerank",
+              "body": {"model": pooling.model, "query": "what is EDN", "documents": DOCS, "top_n": 2}},
+             {"custom_id": "sc-1", "method": "POST", "url": "/score",
+              "body": {"model": pooling.model, "queries": "what is EDN", "documents": DOCS[:2]}}]
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert main(["run", str(src), "-o", str(out), "--base-url", pooling.base_url, "--backend", "vllm",
+                 "--no-progress", "--timeout", "120"]) == 0
+    check = ("import sys, json\n"
+             "from vllm.entrypoints.launchers.run_batch import BatchRequestOutput\n"
+             "for line in open(sys.argv[1]):\n"
+             "    o = BatchRequestOutput.model_validate_json(line)\n"
+             "    print(json.dumps([o.custom_id, type(o.response.body).__name__, o.response.body.id]))\n")
+    done = subprocess.run([pooling.argv[0], "-c", check, str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    read = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("[")]
+    assert read == [["rr-1", "RerankResponse", "score-rr-1"], ["sc-1", "ScoreResponse", "score-sc-1"]]
+    first = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
+    assert len(first["response"]["body"]["results"]) == 2 and first["kotoba"]["server_request_id"] == "rr-1"

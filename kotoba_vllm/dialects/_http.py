@@ -130,7 +130,7 @@ def loads_as_json(text: bytes | str) -> Any:
     return json.loads(text)
 
 
-def decode_json(raw: bytes) -> Any:
+def decode_json(raw: bytes) -> object:
     try:
         # Invalid UTF-8 becomes U+FFFD, as it does inside a stream (httpx decodes SSE text that way):
         # orjson refuses it, and json reads the replaced text.
@@ -160,7 +160,7 @@ def _int_or_too_wide(text: str) -> int | _TooWide:
         return _TooWide(len(text.lstrip("-")))
 
 
-def decode_json_refusing_wide_ints(raw: bytes) -> tuple[Any, list[str]]:
+def decode_json_refusing_wide_ints(raw: bytes) -> tuple[object, list[str]]:
     """JSON whose only fault is an integer too wide for Python to read: each such number is refused
     by field (None in its place) and named (`usage.prompt_tokens: an integer of 10000 digits`), the
     rest of the answer kept. (None, []) when the text is not JSON for another reason."""

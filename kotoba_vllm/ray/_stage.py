@@ -20,7 +20,7 @@ import pyarrow as pa
 from .._client import AsyncClient
 from .._errors import AdmissionRejected, ConfigError, KotobaError
 from .._model import TEXT_REQUESTS, AnyResponse, StreamDelta
-from ..pool import AsyncPool, PoolConfig, load_pool_config
+from ..pool import AsyncPool, AsyncPoolOptions, PoolConfig, load_pool_config
 from ..batch import BatchEntry, FixedLimit, FlowControl, attempt_of
 from ..batch._flow import DEFAULT_HEADROOM, EdnMap
 from ..batch._gate import LimiterGate
@@ -92,7 +92,7 @@ class RequestStage:
         if isinstance(pool, str):
             pool = load_pool_config(pool)
         if isinstance(pool, PoolConfig):
-            kwargs: dict[str, str | float | None] = {"timeout": timeout}
+            kwargs: AsyncPoolOptions = {"timeout": timeout}
             if backend != "auto":
                 kwargs["backend"] = backend
             if model is not None:
