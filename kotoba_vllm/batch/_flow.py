@@ -72,7 +72,7 @@ FLOOR = 1  # the limit never goes below one request in flight
 HOLD_S = 2.0
 # Slots flow control leaves free on each member for other clients (an interactive user): an engine that
 # refuses past N in flight gets at most N - headroom of the batch's, and a measured member keeps this many
-# slots free. 1 measured best on the real vLLM engine (benchmarks/fleet_share.py, docs/batch.md).
+# slots free. 1 measured best on the real vLLM engine (benchmarks/fleet_share.py, docs/flow-control.md).
 DEFAULT_HEADROOM = 1
 # How long a member's refusal edge (what of ours it held when it refused one) is remembered: the limit does
 # not grow past it meanwhile, so the batch does not walk back into the edge it found (each walk costs an

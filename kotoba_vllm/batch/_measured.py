@@ -30,8 +30,9 @@ from ..pool import AsyncPool
 from ._entry import BatchEntry
 from ._flow import DEFAULT_HEADROOM, FlowControl
 
-def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: str = "auto", api_key: str | None = None,
-                     interval_s: float | None = None, headroom: int = DEFAULT_HEADROOM
+
+def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: str = "auto",
+                     api_key: str | None = None, interval_s: float | None = None, headroom: int = DEFAULT_HEADROOM
                      ) -> tuple[FlowControl, ProbedCapacity | None]:
     """Flow control for `run` or a Ray actor sending through `client` (an AsyncClient or AsyncPool), and
     the probe shell it owns (None for a pool, whose own view is read; `aclose` it when done). A pool's

@@ -122,8 +122,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="flow control leaves N slots of each member free for other clients (an interactive "
                         "user): an engine that refuses past K in flight gets at most K-N of the batch's (at least "
                         "1), and a member that counts its free slots (llama.cpp, SGLang) keeps N of them free "
-                        f"(default {DEFAULT_HEADROOM}: measured best on the real vLLM engine, docs/batch.md; 0: "
-                        "fill every slot)")
+                        f"(default {DEFAULT_HEADROOM}: measured best on the real vLLM engine, "
+                        "docs/flow-control.md; 0: fill every slot)")
     ray = p.add_argument_group("Ray Data (pip install 'kotoba-vllm[ray]'; see docs/ray.md)")
     ray.add_argument("--ray", action="store_true",
                      help="run on Ray Data: --output is a directory of part files named by index range, "
