@@ -63,7 +63,9 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     # Compact JSON: random weights otherwise fill a JSON-schema answer with the whitespace the grammar allows.
     # --enable-request-id-headers: the answer's X-Request-Id is the id the engine used (read back as
     # :vllm/server-request-id, tests/test_vllm_fields_live.py)
-    "default": ("--max-num-seqs", "4", "--enable-request-id-headers",
+    # --scheduling-policy priority: lower `priority` values run first (tests/test_vllm_fields_live.py shows it;
+    # `run --background` relies on it); equal priorities keep arrival order, as fcfs does.
+    "default": ("--max-num-seqs", "4", "--enable-request-id-headers", "--scheduling-policy", "priority",
                 "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'),
     # One runs, one waits, the next gets vLLM's 503. vLLM counts running AND waiting against
     # --max-num-queued-reqs, so with 1 a single running request already fills it while the gauges

@@ -4,10 +4,12 @@ not by a 200: vLLM answers 200 to a field it ignores. Sync and async."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
 
+from _vllm_engine import Holder
 from kotoba_vllm import AsyncClient, Client
 
 pytestmark = pytest.mark.live
@@ -62,16 +64,57 @@ def test_cache_salt_stops_prefix_cache_hits_between_salts(client: Client, vllm_e
     assert hits_after("salt-b-2") == 0  # another salt: no block of salt a's is shared
 
 
-def test_priority_without_priority_scheduling_is_accepted_and_ignored(client: Client) -> None:
+def test_priority_without_priority_scheduling_is_accepted_and_ignored(vllm_admission: Any) -> None:
     """Read from vLLM 0.32.0's and 0.33.0's code and seen here: nothing refuses a priority under the default
     fcfs policy (the field's own description says it would); the engine answers 200 and schedules in order.
-    So the SDK warns (it cannot see the server's policy) instead of pretending the engine refuses."""
+    So the SDK warns (it cannot see the server's policy) instead of pretending the engine refuses. (The
+    admission engine runs fcfs; the default one runs the priority policy.)"""
     from kotoba_vllm._base_client import chat_request
     from kotoba_vllm._validate import validate
-    r = client.chat("hi", max_tokens=2, priority=5, request_id="prio-1")
+    vllm_admission.wait_queue(0, 0)
+    with Client(vllm_admission.base_url, backend="vllm") as client:
+        r = client.chat("hi", max_tokens=2, priority=5, request_id="prio-1")
     assert r.usage is not None and r.request_id == "prio-1"
     warns = [p for p in validate(chat_request("hi", None, None, False, {"priority": 5}, None), "vllm")]
     assert [(p.severity, p.code, p.field) for p in warns] == [("warn", "engine/ignored", "vllm/priority")]
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_under_priority_scheduling_a_later_lower_priority_request_runs_first(vllm_engine: Any, vllm_url: str,
+                                                                              side: str) -> None:
+    """The default engine runs `--scheduling-policy priority`. With its 4 slots held by real requests, a batch
+    request (priority 10, as `run --background` sends) waits, then an interactive one (priority 0) waits behind
+    it; when one slot frees, vLLM runs the interactive one first - fcfs would run the batch one."""
+    vllm_engine.wait_queue(0, 0)
+    holders = [Holder(vllm_engine, max_tokens=2000) for _ in range(4)]
+    finished: list[str] = []
+
+    def send(label: str, priority: int) -> None:
+        if side == "sync":
+            with Client(vllm_url, backend="vllm", timeout=300.0) as c:
+                c.chat("hi", max_tokens=2, priority=priority)
+        else:
+            async def go() -> None:
+                async with AsyncClient(vllm_url, backend="vllm", timeout=300.0) as c:
+                    await c.chat("hi", max_tokens=2, priority=priority)
+            asyncio.run(go())
+        finished.append(label)
+
+    threads = [threading.Thread(target=send, args=("batch", 10)), threading.Thread(target=send, args=("interactive", 0))]
+    try:
+        vllm_engine.wait_queue(4, 0)
+        threads[0].start()
+        vllm_engine.wait_queue(4, 1)
+        threads[1].start()
+        vllm_engine.wait_queue(4, 2)
+        holders.pop().close()  # one slot frees: vLLM aborts that request
+        threads[1].join(timeout=120)
+    finally:
+        for h in holders:
+            h.close()
+        for t in threads:
+            t.join(timeout=120)
+    assert finished == ["interactive", "batch"]
 
 
 def test_the_engine_answers_with_the_request_id_we_sent(client: Client) -> None:
