@@ -147,11 +147,27 @@ class ProbedCapacity:
             await self.keyless.aclose()
 
 
+def _retrieve(t: "asyncio.Task[PoolCapacity]") -> None:
+    if not t.cancelled():
+        t.exception()  # a failed round is the next round's to report, not the loop's log
+
+
+def _measured(cap: PoolCapacity, member: str) -> bool:
+    a = cap.answer_for(member)
+    return a is not None and a.measured
+
+
+def _busy(cap: PoolCapacity, member: str) -> bool:
+    a = cap.answer_for(member)
+    return a is not None and a.busy
+
+
 class PoolViewCapacity:
     """Would the pool admit a request now (by its own view, the round it would read), and to which member?"""
 
     def __init__(self, pool: AsyncPool) -> None:
         self.pool = pool
+        self._first_round: asyncio.Task[PoolCapacity] | None = None
 
     def _round(self) -> PoolCapacity | None:
         view = self.pool.view
@@ -170,14 +186,27 @@ class PoolViewCapacity:
         return None if n is None else (n, cap)
 
     def choose(self, e: BatchEntry, allowed: Sequence[str]) -> str | None:
-        """The member the pool's view picks for `e` among `allowed` (its affinity, its spreading); with no
-        fresh round, the least loaded of them (the pool reads a round when it sends)."""
+        """The member the pool's view picks for `e` among `allowed` (its affinity, its spreading), on the
+        latest round even when stale; None until the first round is in (it is started here)."""
         pool, view = self.pool, self.pool.view
-        cap = self._round()
+        cap = self._round() or view.snapshot  # a stale round still says which members failed their probes
+        if cap is None and view.interval_s <= 0:
+            return least_loaded(allowed, view.inflight, view.sent)  # the pool probes before every send anyway
         if cap is None:
-            return least_loaded(allowed, view.inflight, view.sent)
+            # No round yet: a member picked blind may be one the first round would rule out (a trickling or
+            # bombing /metrics), and the pool then has only that member to choose from. Wait for the round.
+            if self._first_round is None:
+                self._first_round = asyncio.ensure_future(pool.capacity())
+                self._first_round.add_done_callback(_retrieve)
+            return None
         affinity = pool.affinity.lookup(e.request) if e.request is not None else None
-        return view.decide(cap, affinity, allowed).member
+        name = view.decide(cap, affinity, allowed).member
+        if name is not None and not _measured(cap, name) and any(
+                _measured(cap, m) and not _busy(cap, m) for m in pool.members if m not in allowed):
+            # The members the round measured with room are held back only by our own limits: wait for them
+            # rather than spill onto one the round could not measure (a probe past its deadline, too large).
+            return None
+        return name
 
     def begin(self, member: str) -> None:
         pass  # the pool counts its own requests
