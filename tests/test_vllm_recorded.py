@@ -310,14 +310,9 @@ def test_a_raced_admission_inside_a_stream_is_admission_rejected_with_the_text_s
     assert out.error.partial_text == text and len(out.sent) == 1
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tracked", [False, True])
-def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
-    # both pools probe over their own wires (aiohttp, http.client), which respx cannot see: the
-    # recorded bodies from a loopback server
-    from faultserver import FaultServer, Seen, Step, head, reply
-
-    from kotoba_vllm import AsyncPool, Pool
+def _recorded_metrics_and_load() -> Any:
+    """A loopback handler answering /metrics and /load with their recorded bodies (metrics-busy, load-tracked)."""
+    from faultserver import Seen, Step, head, reply
     metrics, loaded = cassette("metrics-busy"), cassette("load-tracked")
 
     def recorded(seen: Seen) -> list[Step]:
@@ -325,6 +320,19 @@ def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
             body = cassette_body(metrics)
             return [head(200, [("content-type", metrics.headers["content-type"])], length=len(body)) + body]
         return reply(loaded.raw) if seen.path == "/load" else reply({"error": "not found"}, 404)
+
+    return recorded
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tracked", [False, True])
+def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
+    # both pools probe over their own wires (aiohttp, http.client), which respx cannot see: the
+    # recorded bodies from a loopback server
+    from faultserver import FaultServer
+
+    from kotoba_vllm import AsyncPool, Pool
+    recorded = _recorded_metrics_and_load()
 
     with FaultServer(recorded) as srv:
         if mode == "sync":
@@ -345,16 +353,10 @@ def test_pool_asks_load_only_when_declared(tracked: bool, mode: str) -> None:
 def test_capacity_cli_reports_load_only_when_declared(flag: list[str], capsys: Any) -> None:
     # the CLI probes over http.client (each probe's deadline holds every read), which respx cannot see:
     # the recorded bodies from a loopback server
-    from faultserver import FaultServer, Seen, Step, head, reply
+    from faultserver import FaultServer
 
     from kotoba_vllm.cli import main
-    metrics, loaded = cassette("metrics-busy"), cassette("load-tracked")
-
-    def recorded(seen: Seen) -> list[Step]:
-        if seen.path == "/metrics":
-            body = cassette_body(metrics)
-            return [head(200, [("content-type", metrics.headers["content-type"])], length=len(body)) + body]
-        return reply(loaded.raw) if seen.path == "/load" else reply({"error": "not found"}, 404)
+    recorded = _recorded_metrics_and_load()
 
     with FaultServer(recorded) as srv:
         assert main(["capacity", srv.base_url, "--backend", "vllm", *flag]) == 1  # one waiting: measured busy
