@@ -136,6 +136,8 @@ def test_run_local_with_the_gemma_model_answers_with_real_text(tmp_path: Any) ->
     p = subprocess.run([sys.executable, "-m", "kotoba_vllm", "run", str(req), "--local", "--model", "gemma3-270m"],
                        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+    local = re.search(r";; local llama-server at (\S+)", p.stderr)
+    assert local and f";; flow {local.group(1)}:" in p.stderr, p.stderr  # flow control read the server it started
     record = loads(p.stdout.strip().splitlines()[-1])
     assert kw("vllm/error") not in record, record
     text = record[kw("vllm/text")]

@@ -47,11 +47,10 @@ def flow_control_for(client: AsyncClient | AsyncPool, ceiling: int, *, backend: 
     keyless = default_wire(client_headers(None, None), PROBE_TIMEOUT, True, limits) if key else None
     measured = ProbedCapacity(keyed, backend, interval_s=DEFAULT_INTERVAL_S if interval_s is None else interval_s,
                               keyless=keyless, trusted=client.trusted.allows)
-    default_member = client.base_url
-
     def member_of(e: BatchEntry) -> str:
         url = e.request.base_url if e.request is not None else None
-        return server_root(url) if url else default_member
+        # read at each request: `run --local` points the client at the server it starts after this is built
+        return server_root(url) if url else client.base_url
 
     return FlowControl(ceiling, member_of, capacity=measured, headroom=headroom), measured
 
