@@ -495,12 +495,16 @@ def read_coll_at(text: str, pos: int, source: str, line: int, column: int) -> tu
     """The collection that opens at `text[pos]` (`line`:`column` of `source`), read in place, and the
     offset just past it: no copy of its text. Raises `EdnError` where reading it alone would; `text`
     may end before it closes (a buffer of a larger file): then it raises too."""
+    if not text.startswith(_OPENERS, pos):
+        raise EdnError("no collection opens here", source, line, column)
     r = _Reader(text, source, line, column, pos)
-    t = r.next()
-    if t is None or r.lex.offset(t[1]) != pos or t[0] not in ("[", "(", "{", "#{"):
-        raise r.fail_at("no collection opens here", pos)
-    value = r.read(*t)
+    i, tok = next(r.tokens)  # a token starts at `pos`: the opener
+    r.depth = 1  # as `read` enters it
+    value = r.coll(tok, i)
     return Form(value, source, line, column, 0, r), r.lex.end(r.last_closer)
+
+
+_OPENERS = ("{", "[", "(", "#{")
 
 
 def keyword_token(tok: str) -> Keyword | None:

@@ -108,7 +108,8 @@ class Tokens:
 
     def _place(self, i: int) -> tuple[int, int, list[int] | int]:
         """The stretch token `i` was lexed in: its first token's index, its start, its offsets (or count)."""
-        c = bisect.bisect_right(self._firsts, i) - 1
+        firsts = self._firsts
+        c = len(firsts) - 1 if i >= firsts[-1] else bisect.bisect_right(firsts, i) - 1  # mostly the last
         return self._firsts[c], self._starts[c], self._offsets[c]
 
     def offset(self, i: int) -> int:
