@@ -126,8 +126,8 @@ class Measured:
     def admits(self, member: str) -> bool | None:
         return self.free_
 
-    def free(self, member: str) -> tuple[int, object] | None:
-        return None if self.slots is None else (self.slots, self.round)
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+        return self.free_, None if self.slots is None else (self.slots, self.round)
 
     def begin(self, member: str) -> None:
         self.begun[member] += 1

@@ -190,8 +190,9 @@ class MeasuredCapacity(Protocol):
     def admits(self, member: str) -> bool | None:
         """May a request go to `member` now: True / False, None when unmeasured (AIMD and pauses decide)."""
 
-    def free(self, member: str) -> tuple[int, object] | None:
-        """`member`'s measured free slots and the round they were read in (None: no count of them)."""
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+        """`admits(member)`, and `member`'s measured free slots with the round they were read in (None: no count
+        of them): both from one look at the view, as flow control asks them together before every request."""
 
     def begin(self, member: str) -> None:
         """One of ours started on `member`."""
@@ -237,9 +238,9 @@ class FlowControl:
         cap = self.capacity
         if cap is None:
             return True
-        if cap.admits(m.name) is False:
+        admits, free = cap.reading(m.name)
+        if admits is False:
             return False
-        free = cap.free(m.name)
         if free is None:
             return True
         slots, round_ = free

@@ -95,11 +95,12 @@ class ProbedCapacity:
             return None  # no reading to go by (yet, or any more)
         return view.decide(cap, None).member is not None
 
-    def free(self, member: str) -> tuple[int, object] | None:
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+        admits = self.admits(member)
         view = self.views.get(member)
         cap = view.snapshot if view is not None else None
         n = free_slots(cap.answer_for(member)) if cap is not None else None
-        return None if n is None else (n, cap)
+        return admits, None if n is None else (n, cap)
 
     def begin(self, member: str) -> None:
         view = self.views.get(member)
@@ -190,10 +191,12 @@ class PoolViewCapacity:
             return None  # the pool takes a round when it sends: let it
         return self.pool.view.admits(cap, (member,))
 
-    def free(self, member: str) -> tuple[int, object] | None:
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
         cap = self._round()
-        n = self._member(cap, member)[1] if cap is not None else None
-        return None if n is None else (n, cap)
+        if cap is None:
+            return None, None
+        n = self._member(cap, member)[1]
+        return self.pool.view.admits(cap, (member,)), None if n is None else (n, cap)
 
     def choose(self, e: BatchEntry, allowed: Sequence[str]) -> str | None:
         """The member the pool's view picks for `e` among `allowed` (its affinity, its spreading), on the
