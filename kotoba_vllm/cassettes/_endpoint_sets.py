@@ -212,8 +212,9 @@ def sglang_control_exchanges() -> list[Exchange]:
 def sglang_lora_exchanges(model: str, lora_path: str) -> list[Exchange]:
     """SGLang's adapter calls (scripts/record-sglang --only lora: --enable-lora --max-lora-rank 8 and q/v
     projections). `lora_path` is a rank-8 PEFT adapter; `lora_path + "-rank16"` one too wide for the server."""
-    adapter = {kw("vllm/endpoint"): kw("lora-load"), kw("vllm/lora-name"): "sql", kw("vllm/lora-path"): lora_path}
-    gen = {**edn_request("generate", prompt="The capital of France is", model=model,
+    adapter: dict[Keyword, Edn] = {kw("vllm/endpoint"): kw("lora-load"), kw("vllm/lora-name"): "sql",
+                                   kw("vllm/lora-path"): lora_path}
+    gen: dict[Keyword, Edn] = {**edn_request("generate", prompt="The capital of France is", model=model,
                          sampling=_m(temperature=0.0, max_tokens=4)), kw("sglang/lora-path"): "sql"}
     return [
         Exchange("lora-list-empty", "send", edn_request("lora-list")),
