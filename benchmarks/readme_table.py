@@ -118,13 +118,14 @@ def flow_table(result: dict[str, Any]) -> list[str]:
     if not found:
         return []
     out = ["**Flow control's cost: `run`'s CPU per request, on over `--flow-control off`, paired by round**", "",
-           "| server, in flight | on / off | target | how read |", "|---|---|---|---|"]
+           "| server, in flight | on / baseline | target | how read |", "|---|---|---|---|"]
     for r in found:
         ratio = (r.get("values") or {}).get("kotoba")
-        target = next(iter(r.get("targets") or {}), "")
+        target = next(iter(r.get("targets") or {}), "—")
         met = next(iter((r.get("targets") or {}).values()), None)
         out.append(f"| {r['scenario'].split('per request, ', 1)[-1]} | {_cell(ratio, '.3f')}x | "
-                   f"{target.replace('off_max_', '<= ')}x {'met' if met else '**missed**' if met is False else ''} | "
+                   f"{target.replace('off_max_', '<= ') + 'x' if target != '—' else target} "
+                   f"{'met' if met else '**missed**' if met is False else ''} | "
                    f"{r.get('note') or ''} |")
     out.append("")
     return out

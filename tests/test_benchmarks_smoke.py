@@ -50,7 +50,8 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
                      "d. heap per open stream", "e. read EDN file",
                      "e. render one response", "f. batch run",
                      "h. flow control CPU per request, never rejects, conc 4",
-                     "h. flow control CPU per request, 8 slots + 429, conc 4"):
+                     "h. flow control CPU per request, 8 slots + 429, conc 4",
+                     "h. flow control CPU per request, 8 slots + 429, conc 4 against a fixed -c 8"):
         assert scenario in r.stdout, scenario
     assert "nproc=" in r.stdout and "x  " in r.stdout  # machine size and ratio columns
     [path] = list(tmp_path.iterdir())
@@ -68,9 +69,11 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     # flow control on and off each ran against both servers, each with its ratio to off in the same round
     flow = {t[kw("bench/contender")]: t for t in throughput if kw("bench/server") in t}
     assert set(flow) == {"kotoba-run-flow-on", "kotoba-run-flow-off", "kotoba-run-flow-off-again", "kotoba-run-slots",
-                         "kotoba-run-slots-flow-off", "kotoba-run-slots-flow-off-again"}
+                         "kotoba-run-slots-flow-off", "kotoba-run-slots-flow-off-again", "kotoba-run-slots-fixed"}
     assert flow["kotoba-run-flow-on"][kw("bench/paired-cpu-ratio")] > 0
     assert flow["kotoba-run-slots"][kw("bench/paired-cpu-ratio")] > 0
+    assert flow["kotoba-run-slots"][kw("bench/paired-cpu-ratio-to-fixed")] > 0
+    assert flow["kotoba-run-slots-fixed"][kw("bench/concurrency")] == 8  # the fixed limit is the slots
     pool = [t for t in throughput if t[kw("bench/contender")] == "kotoba-run-pool"]
     assert pool and all(t[kw("bench/paired-cpu-ratio")] > 0 for t in pool)
     assert "paired by round" in r.stdout
