@@ -96,6 +96,8 @@ class ProbedCapacity:
         return view.decide(cap, None).member is not None
 
     def free(self, member: str) -> tuple[int, object] | None:
+        if member in self.unprobed:
+            return None
         view = self.views.get(member)
         cap = view.snapshot if view is not None else None
         n = free_slots(cap.answer_for(member)) if cap is not None else None
@@ -103,12 +105,12 @@ class ProbedCapacity:
 
     def begin(self, member: str) -> None:
         view = self.views.get(member)
-        if view is not None:
+        if view is not None and member not in self.unprobed:  # nothing reads an unmeasured member's counts
             view.begin(member)
 
     def end(self, member: str) -> None:
         view = self.views.get(member)
-        if view is not None:
+        if view is not None and member not in self.unprobed:
             view.end(member, time.monotonic())
 
     def _start_round(self, member: str, view: CapacityView) -> None:
