@@ -97,6 +97,8 @@ class ProbedCapacity:
 
     def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
         admits = self.admits(member)
+        if member in self.unprobed:
+            return admits, None
         view = self.views.get(member)
         cap = view.snapshot if view is not None else None
         n = free_slots(cap.answer_for(member)) if cap is not None else None
@@ -104,12 +106,12 @@ class ProbedCapacity:
 
     def begin(self, member: str) -> None:
         view = self.views.get(member)
-        if view is not None:
+        if view is not None and member not in self.unprobed:  # nothing reads an unmeasured member's counts
             view.begin(member)
 
     def end(self, member: str) -> None:
         view = self.views.get(member)
-        if view is not None:
+        if view is not None and member not in self.unprobed:
             view.end(member, time.monotonic())
 
     def _start_round(self, member: str, view: CapacityView) -> None:
