@@ -86,3 +86,14 @@ def test_run_record_names_the_key_and_its_line(which: str, tmp_path: Path, capsy
     assert record[kw("vllm/field")] == kw(key)
     assert record[kw("vllm/field-where")] == f"{f}:{at}"
     assert record[kw("vllm/where")] == f"{f}:1:1"  # the request's own place, as before
+
+
+def test_in_a_file_that_is_one_vector_each_record_names_its_own_key(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "r.edn"
+    f.write_text("[" + REQUESTS.strip() + "\n " + REQUESTS.strip().replace("10000000", "20000000") + "]\n")
+    with LoopbackReplay(REFUSED) as srv:
+        assert main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--no-progress"]) == 1
+    records = sorted((x.value for x in read_forms(capsys.readouterr().out)),
+                     key=lambda r: r[kw("vllm/request-index")])
+    assert [r[kw("vllm/field-where")] for r in records] == [f"{f}:5:18", f"{f}:10:18"]
