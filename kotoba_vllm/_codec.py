@@ -636,7 +636,7 @@ _IMMUTABLE = (str, bool, int, InternedKeyword, Keyword, type(None))
 def keep_extra_text(name: str, value: object) -> None:
     """Keep the record text of the extra `name` holding `value`, for `write_fields` to reuse whenever that
     very object is that extra again. Immutable values only (a kept text must stay true)."""
-    had = _KEPT_ENTRIES.get(value)
+    had = _KEPT_ENTRIES.get(id(value))
     if type(value) not in _IMMUTABLE or had is not None and had[0] == name:
         return
     try:
