@@ -416,7 +416,10 @@ class StdlibWire:
         assert sock is not None
         phase = "write"
         try:
-            sock.settimeout(_within(timeout.write, until))
+            write_s = timeout.write
+            if deadline_s is not None and (write_s is None or deadline_s < write_s):
+                write_s = deadline_s  # the deadline (`until`) began microseconds ago: no clock read for that
+            sock.settimeout(write_s)
             conn.request(method, o.target, body=content, headers=h)
             phase = "read"
             conn.until, conn.until_is = until, ("total", deadline_s)
