@@ -21,10 +21,10 @@ from typing import Awaitable, Callable, Iterable, Iterator, Protocol, Sequence, 
 
 import attrs
 
-from .._edn import EdnError, Keyword, dumps, kw
+from .._edn import EdnError, Keyword, dumps, kw, pretty, read_one
 from .._errors import AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
 from .._codec import write_edn, write_fields
-from .._model import AnyResponse, StreamDelta, to_edn
+from .._model import AnyResponse, StreamDelta
 from .._requests import request_to_edn
 from ._deadlines import Deadline, DeadlineQueue
 from ._entries import BatchEntry
@@ -149,25 +149,19 @@ class Recorder:
 
     def ok(self, e: BatchEntry, resp: AnyResponse, deltas: Sequence[StreamDelta],
            attempts: Attempts | None = None) -> list[str]:
+        """A record written by the one per-class writer (`write_fields`) without building its maps; `--pretty`
+        lays its line breaks over that text read back, so both print the same record."""
         if self.fmt == "jsonl":
             return [output_line(e, result=resp, attempts=attempts)]
-        if not self.pretty:  # the same text as below, written without building the record's maps
-            head = [":vllm/request-index " + dumps(e.index)]
-            rid = e.request_id
-            if rid is not None:
-                head.append(":vllm/request-id " + dumps(rid))
-            body = write_fields(resp, _HEAD_KEYS if rid is not None else _INDEX_KEY)
-            if attempts is not None:
-                body.append(":vllm/attempts " + dumps(attempts))
-            return [write_edn(d) for d in deltas] + ["{" + " ".join(head + body) + "}"]
-        rec = self._head(e)
-        rec.update(to_edn(resp))
-        rec[K_INDEX] = e.index
-        if e.request_id is not None:
-            rec[K_RID] = e.request_id
+        head = [":vllm/request-index " + dumps(e.index)]
+        rid = e.request_id
+        if rid is not None:
+            head.append(":vllm/request-id " + dumps(rid))
+        body = write_fields(resp, _HEAD_KEYS if rid is not None else _INDEX_KEY)
         if attempts is not None:
-            rec[K_ATTEMPTS] = attempts
-        return [render_edn(to_edn(d), False) for d in deltas] + [render_edn(rec, self.pretty)]
+            body.append(":vllm/attempts " + dumps(attempts))
+        text = "{" + " ".join(head + body) + "}"
+        return [write_edn(d) for d in deltas] + [pretty(read_one(text)) if self.pretty else text]
 
 
 class Flight:
