@@ -619,7 +619,7 @@ def write_fields(obj: object, skip: AbstractSet[Keyword] = frozenset()) -> list[
         for name, x in extras.items():
             if skipped is not None and name in skipped:
                 continue
-            entry = kept.get(x)
+            entry = kept.get(id(x))
             if entry is not None and entry[0] == name:
                 parts.append(entry[1])
             else:
