@@ -17,7 +17,7 @@ import httpx
 from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
 from ._memo import BoundedMemo
-from ._fields import KWARG_KEYS, version_problems
+from ._fields import EXTRA_BODY, KWARG_KEYS, key_of_param, version_problems
 from ._errors import (ConfigError, KotobaError, ProtocolError, Redirected, RequestTimeout, ResponseTooLarge,
                       ServerError, StreamBroken, TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, SERVER_ID_ANSWERS, TEXT_REQUESTS, AnyResponse,
@@ -261,6 +261,14 @@ def broken_stream(exc: TransportError, url: str, partial: str) -> TransportError
     if isinstance(exc, (StreamBroken, ResponseTooLarge)):
         return exc
     return StreamBroken(f"stream from {url} broke: {exc.message}", partial_text=partial, endpoint=url)
+
+
+K_PARAM = kw("param")
+
+
+def _extra_body(extras: Mapping[str, Edn]) -> Mapping[object, object] | None:
+    v = extras.get(EXTRA_BODY) if extras else None
+    return v if isinstance(v, Mapping) else None
 
 
 def answer_error(status: int, raw: bytes, headers: Mapping[str, str], url: str) -> ServerError:
@@ -610,6 +618,10 @@ class BaseClient:
         err = answer_error(status, raw, headers, plan.url)
         err.request_id = plan.request.request_id
         err.server_request_id = headers.get("x-request-id")
+        err.backend = plan.dialect.name
+        param = err.details.get(K_PARAM)
+        if type(param) is str:  # the refused field, named by the engine: which of the request's keys it came from
+            err.field = key_of_param(plan.dialect.name, param, _extra_body(plan.request.extras))
         return self._explain_withheld(err, plan)
 
     def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from .._model import Request
+from .._edn import Form
 from .._problems import Problem
 
 
@@ -25,6 +26,8 @@ class BatchEntry:
     problems: tuple[Problem, ...] = ()
     custom_id: str | None = None
     checked: bool = False
+    # the EDN form it was read from, so a server's refusal naming a field can name that key's line and column
+    form: Form | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def sendable(self) -> bool:

@@ -22,10 +22,11 @@ from typing import Awaitable, Callable, Iterable, Iterator, Protocol, Sequence, 
 import attrs
 
 from .._edn import EdnError, Keyword, dumps, kw, pretty, read_one
-from .._errors import AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
+from .._errors import (AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ServerError,
+                       ValidationError)
 from .._codec import write_edn, write_fields
 from .._model import AnyResponse, StreamDelta
-from .._requests import request_to_edn
+from .._requests import key_where, request_to_edn
 from ._deadlines import Deadline, DeadlineQueue
 from ._entries import BatchEntry
 from ._flow import EdnMap, FixedLimit, Limiter
@@ -141,6 +142,11 @@ class Recorder:
         rec = self._head(e)
         rec.update(err.to_edn())
         rec[kw("vllm/where")] = e.where  # the request's file:line:column: an engine's refusal names it too
+        field = err.field if isinstance(err, ServerError) else None
+        if field is not None and e.form is not None:  # the refused field's own key, where the request has it
+            at = key_where(e.form, field)
+            if at is not None:
+                rec[kw("vllm/field-where")] = at
         if e.request is not None:
             rec[kw("vllm/request")] = request_to_edn(e.request)
         if attempts is not None:
