@@ -70,6 +70,15 @@ class Form:
     def where(self) -> str:
         return f"{self.source}:{self.line}:{self.column}"
 
+    def anchor(self) -> "tuple[str, int, str, int, int] | None":
+        """What reads this form again where it stands (its text, offset, source, line, column), or None when
+        its reader started elsewhere: light to keep (the text is the file chunk it was read from, shared), where
+        the form itself keeps its reader's position tables. `read_coll_at(*anchor)` reads it again."""
+        r = self._reader
+        if r is None or (self.line, self.column) != (r.base_line, r.base_column):
+            return None
+        return r.text, r.start, self.source, self.line, self.column
+
     def nested(self, value: Edn) -> Form:
         """A form for `value`, read inside this one (an element of a top-level vector): it is
         located where this form starts, and the keys of maps inside it stay locatable."""

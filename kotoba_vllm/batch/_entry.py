@@ -7,7 +7,6 @@ from typing import Any
 import attrs
 
 from .._model import Request
-from .._edn import Form
 from .._problems import Problem
 
 
@@ -26,8 +25,9 @@ class BatchEntry:
     problems: tuple[Problem, ...] = ()
     custom_id: str | None = None
     checked: bool = False
-    # the EDN form it was read from, so a server's refusal naming a field can name that key's line and column
-    form: Form | None = attrs.field(default=None, eq=False, repr=False)
+    # where its EDN form can be read again (`Form.anchor`), so a server's refusal naming a field can name that
+    # key's line and column; the form itself is not kept (its position tables cost ~4 KB a request held)
+    anchor: tuple[str, int, str, int, int] | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def sendable(self) -> bool:

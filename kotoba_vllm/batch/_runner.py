@@ -21,7 +21,7 @@ from typing import Awaitable, Callable, Iterable, Iterator, Protocol, Sequence, 
 
 import attrs
 
-from .._edn import EdnError, Keyword, dumps, kw, pretty, read_one
+from .._edn import EdnError, Keyword, dumps, kw, pretty, read_coll_at, read_one
 from .._errors import (AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ServerError,
                        ValidationError)
 from .._codec import write_edn, write_fields
@@ -143,8 +143,9 @@ class Recorder:
         rec.update(err.to_edn())
         rec[kw("vllm/where")] = e.where  # the request's file:line:column: an engine's refusal names it too
         field = err.field if isinstance(err, ServerError) else None
-        if field is not None and e.form is not None:  # the refused field's own key, where the request has it
-            at = key_where(e.form, field)
+        if field is not None and e.anchor is not None:  # the refused field's own key, where the request has it
+            again = read_coll_at(*e.anchor)[0]  # a map: the request; a vector holding it has no one place
+            at = key_where(again, field) if isinstance(again.value, dict) else None
             if at is not None:
                 rec[kw("vllm/field-where")] = at
         if e.request is not None:
