@@ -307,7 +307,7 @@ def quiet(fn: Callable[[], Any]) -> Any:
 
 def main() -> None:
     name, urls, conc, n = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
-    if name == "kotoba-run":
+    if name in ("kotoba-run", "kotoba-run-flow-on"):  # flow control is on by default
         res = run_cli(urls, conc, n, "openai")
     elif name == "kotoba-run-pool":
         res = run_cli(urls, conc, n, "vllm")  # vLLM's probes (/metrics, /load) are asked of every member
@@ -315,6 +315,14 @@ def main() -> None:
         res = run_sync(urls[0], n)
     elif name == "kotoba-run-vllm":
         res = run_cli(urls[:1], conc, n, "vllm")  # one member, the pool's dialect: the pool with no pool
+    elif name.startswith("kotoba-run-flow-off"):  # "-again": the same twice, the A/A pair of scenario h
+        res = run_cli(urls, conc, n, "openai", ("--flow-control", "off"))
+    elif name == "kotoba-run-slots":  # flow control reads llama.cpp's /slots of a member that answers 429
+        res = run_cli(urls, conc, n, "llamacpp")
+    elif name == "kotoba-run-slots-fixed":  # a fixed -c (the slots, passed as conc) against the same member
+        res = run_cli(urls, conc, n, "llamacpp", ("--flow-control", "off"))
+    elif name.startswith("kotoba-run-slots-flow-off"):
+        res = run_cli(urls, conc, n, "llamacpp", ("--flow-control", "off"))
     elif name in ("kotoba-run-asyncio", "kotoba-run-uvloop"):  # `run` on each loop it can own
         res = run_cli(urls, conc, n, "openai", ("--loop", name.rsplit("-", 1)[1]))
     elif name == "aiohttp-uvloop":  # raw aiohttp on uvloop: the floor `run --loop uvloop` is read against

@@ -92,6 +92,7 @@ def tables(result: dict[str, Any], name: str) -> str:
                     "pool's targets (CPU <= 1.5x, throughput >= 0.9x) are read from the paired figures.", ""]
     out += predecessor_table(result)
     out += instructions_table(result)
+    out += flow_table(result)
     out += sync_table(result)
     return "\n".join(out)
 
@@ -107,6 +108,25 @@ def instructions_table(result: dict[str, Any]) -> list[str]:
         values, ratio = r.get("values") or {}, (r.get("ratios") or {}).get("predecessor")
         out.append(f"| {r['scenario'].split(', ', 1)[-1]} | {_cell(values.get('kotoba'), '.1f')} | "
                    f"{_cell(values.get('predecessor'), '.1f')} | {_cell(ratio, '.3f')}{'x' if ratio else ''} |")
+    out.append("")
+    return out
+
+
+def flow_table(result: dict[str, Any]) -> list[str]:
+    """Scenario h: `run`'s CPU per request with flow control on over off, paired by round."""
+    found = [r for r in result.get("rows") or [] if r.get("scenario", "").startswith("h. flow control")]
+    if not found:
+        return []
+    out = ["**Flow control's cost: `run`'s CPU per request, on over `--flow-control off`, paired by round**", "",
+           "| server, in flight | on / baseline | target | how read |", "|---|---|---|---|"]
+    for r in found:
+        ratio = (r.get("values") or {}).get("kotoba")
+        target = next(iter(r.get("targets") or {}), "—")
+        met = next(iter((r.get("targets") or {}).values()), None)
+        out.append(f"| {r['scenario'].split('per request, ', 1)[-1]} | {_cell(ratio, '.3f')}x | "
+                   f"{target.replace('off_max_', '<= ') + 'x' if target != '—' else target} "
+                   f"{'met' if met else '**missed**' if met is False else ''} | "
+                   f"{r.get('note') or ''} |")
     out.append("")
     return out
 

@@ -4,7 +4,9 @@ Sync contenders on the same server in the same process, interleaved: raw httpx (
 minimal code), kotoba_vllm, openai-python (`max_retries=0`), and for EDN `edn_format` alone.
 Batch throughput (d) runs each contender in its own pinned process (`_throughput.py`): raw
 aiohttp (the practical floor), raw httpx, raw httpx2, openai-python, flexllm, kotoba's
-`AsyncClient` and `run`. Servers: the canned server (`canned_server.py`, own process: the client
+`AsyncClient` and `run`. Flow control's cost (h, `_flow_cost.py`) pairs `run` with
+`--flow-control off` round by round, against a server that never rejects and one that answers 429
+beyond 8 slots. Servers: the canned server (`canned_server.py`, own process: the client
 dominates) and, when the binary is installed, a real local llama-server with the tiny model.
 Absolute times are noisy on shared machines; read the ratio columns. Each run writes its own
 `benchmarks/results/<date>T<time>Z.edn`; `readme_table.py` renders the README table from one.
@@ -27,6 +29,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 import _batch  # noqa: E402
 import _edn_bench  # noqa: E402
+import _flow_cost  # noqa: E402
 import _measure as m  # noqa: E402
 import _throughput  # noqa: E402
 from _clients import AsyncSet, SyncSet  # noqa: E402
@@ -50,6 +53,8 @@ class Sizes:
         # the pool's ratios to the plain `run` beside it: 5 paired rounds read 0.84x at 256 where the
         # instruction counts say ~0.91x; 4 more rounds of the three alone (about 2 minutes)
         self.group_rounds = {c: 1 for c in self.concs} if quick else {1: 7, 16: 9, 64: 9, 256: 9}
+        # h: flow control on, off, off again at 64 in flight, paired by round
+        self.flow_conc, self.flow_n, self.flow_rounds = (64, 600, 2) if quick else (64, 3000, 9)
         self.open_streams = 32 if quick else 128
         self.memory_total, self.memory_first = (2000, 500) if quick else (10_000, 1000)
         self.edn_sizes: tuple[int, ...] = (1, 1000, 10_000) if quick else (1, 1000, 100_000)
@@ -63,6 +68,7 @@ class Sizes:
             self.group_rounds = {1: 1, 4: 2}
             self.memory_total, self.memory_first, self.edn_sizes, self.edn_format_max = 20, 10, (1, 10), 10
             self.batch_n, self.llama_latency_n = 5, 3
+            self.flow_conc, self.flow_n, self.flow_rounds = 4, 12, 1
         self.contenders = (("aiohttp", "kotoba", "kotoba-run") if smoke
                            else _throughput.CONTENDERS + _throughput.LOOP_CONTENDERS)
 
@@ -439,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small counts (a minute or two); ratios are noisier")
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: tiny counts
     ap.add_argument("--no-llama", action="store_true", help="skip the real llama-server")
-    ap.add_argument("--only", default="abcdefg",
-                    help="scenario letters to run (default abcdefg; g needs valgrind)")
+    ap.add_argument("--only", default="abcdefgh",
+                    help="scenario letters to run (default abcdefgh; g needs valgrind)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the EDN results")
     a = ap.parse_args(argv)
     s = Sizes(a.quick, a.smoke)
@@ -469,6 +475,12 @@ def main(argv: list[str] | None = None) -> int:
         trows, throughput, tnotes = throughput_rows(s, step)
         rows += trows
         notes += tnotes
+    if "h" in a.only:
+        step("h flow control on against off, a process per run")
+        fres, fnotes = _flow_cost.measure(s.flow_conc, s.flow_n, s.flow_rounds, step)
+        rows += _flow_cost.rows(fres, s.flow_conc, row)
+        throughput += fres
+        notes += fnotes
     if not a.no_llama and set("abc") & set(a.only):
         step("a-c against a real llama-server")
         lrows, note = llama_rows(s)

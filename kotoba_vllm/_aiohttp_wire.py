@@ -165,37 +165,47 @@ def _wire_error(e: BaseException, url: str, timeout: httpx.Timeout) -> Transport
 WIRE_ERRORS = (aiohttp.ClientError, TimeoutError, *DECODE_ERRORS)
 
 
-async def _read_body(r: aiohttp.ClientResponse, body: Body) -> bytes:
-    """The whole body through the bounded decoder."""
+async def _read_body(r: aiohttp.ClientResponse, url: str, limit: int) -> bytes:
+    """The whole body, bounded: received and decoded bytes each at most `limit`."""
+    content = r.content
+    data = await content.readany()
+    encoding = r.headers.get("content-encoding")
+    if encoding is None and len(data) <= limit and content.is_eof():
+        return data  # the whole body in one read, sent as is: within the limit as received
+    return await _read_rest(r, Body(url, limit, encoding), data)
+
+
+async def _read_rest(r: aiohttp.ClientResponse, body: Body, first: bytes) -> bytes:
+    """The rest of a body through the bounded decoder, `first` being what was read of it already."""
     length = r.content_length
-    if length is not None and length > body.limit:  # said up front: no byte need be read
+    if length is not None and length > body.limit:  # said up front: no more need be read
         raise too_large(body.url, body.limit, length, "received")
     content = r.content
-    parts = []
+    parts = [body.feed(first)]
     while data := await content.readany():
         parts.append(body.feed(data))
     parts.append(body.end())
-    return parts[0] if len(parts) == 2 and not parts[1] else b"".join(parts)
+    return b"".join(parts)
 
 
 class AiohttpAnswer:
     """An aiohttp response under httpx.Response's names."""
 
-    __slots__ = ("_r", "status_code", "headers", "_content", "_body", "_timeout")
+    __slots__ = ("_r", "status_code", "headers", "_content", "url", "_limit", "_timeout")
 
-    def __init__(self, r: aiohttp.ClientResponse, body: Body, timeout: httpx.Timeout,
+    def __init__(self, r: aiohttp.ClientResponse, url: str, limit: int, timeout: httpx.Timeout,
                  content: bytes | None = None) -> None:
         self._r = r
         self.status_code = r.status
         self.headers: Mapping[str, str] = r.headers
         self._content = content
-        self._body = body
+        self.url, self._limit = url, limit  # the body's size limit (received and decoded, each)
         self._timeout = timeout
 
     @property
     def content(self) -> bytes:
         if self._content is None:
-            raise not_read(self._body.url)
+            raise not_read(self.url)
         return self._content
 
     @property
@@ -209,17 +219,17 @@ class AiohttpAnswer:
     async def aread(self) -> bytes:
         if self._content is None:
             try:
-                self._content = await _read_body(self._r, self._body)
+                self._content = await _read_body(self._r, self.url, self._limit)
             except TransportError:
                 self._r.close()
                 raise
             except WIRE_ERRORS as e:
                 self._r.close()
-                raise _wire_error(e, self._body.url, self._timeout) from e
+                raise _wire_error(e, self.url, self._timeout) from e
         return self._content
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        body = self._body
+        body = Body(self.url, self._limit, self._r.headers.get("content-encoding"))
         try:
             async for data in self._r.content.iter_any():
                 data = body.feed(data)
@@ -335,11 +345,11 @@ class AiohttpWire:
             raise _wire_error(e, url, timeout) from e
         finally:
             _WATCH.reset(token)
-        body = Body(url, self.max_bytes if max_bytes is None else max_bytes, r.headers.get("content-encoding"))
+        limit = self.max_bytes if max_bytes is None else max_bytes
         if stream:
-            return AiohttpAnswer(r, body, timeout)
+            return AiohttpAnswer(r, url, limit, timeout)
         try:
-            data = await _read_body(r, body)
+            data = await _read_body(r, url, limit)
         except TransportError:
             r.close()
             raise
@@ -349,7 +359,7 @@ class AiohttpWire:
         except BaseException:  # cancelled (a deadline): the connection goes, never back to the pool
             r.close()
             raise
-        return AiohttpAnswer(r, body, timeout, data)
+        return AiohttpAnswer(r, url, limit, timeout, data)
 
     async def aclose(self) -> None:
         self._closed = True

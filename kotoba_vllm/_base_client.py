@@ -17,7 +17,7 @@ import httpx
 from ._codec import structure_located
 from ._edn import Edn, EdnMap, Keyword, kw
 from ._memo import BoundedMemo
-from ._fields import KWARG_KEYS, version_problems
+from ._fields import EXTRA_BODY, KWARG_KEYS, key_of_param, version_problems
 from ._errors import (ConfigError, KotobaError, ProtocolError, Redirected, RequestTimeout, ResponseTooLarge,
                       ServerError, StreamBroken, TransportError, Unreachable, ValidationError, register_secret)
 from ._model import (BACKENDS, CONTROL_REQUESTS, REQUEST_TYPES, ROLES, SERVER_ID_ANSWERS, TEXT_REQUESTS, AnyResponse,
@@ -177,6 +177,19 @@ def as_messages(messages: MessagesInput) -> tuple[Message, ...]:
     return tuple(out)
 
 
+class Reply(Protocol):
+    """An answer read whole, as `_finish` reads it (every wire's answer is one)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+
 @attrs.define  # not frozen, as `ClientClock`: one per request, never changed after
 class Plan:
     """One request ready for the wire."""
@@ -248,6 +261,14 @@ def broken_stream(exc: TransportError, url: str, partial: str) -> TransportError
     if isinstance(exc, (StreamBroken, ResponseTooLarge)):
         return exc
     return StreamBroken(f"stream from {url} broke: {exc.message}", partial_text=partial, endpoint=url)
+
+
+K_PARAM = kw("param")
+
+
+def _extra_body(extras: Mapping[str, Edn]) -> Mapping[object, object] | None:
+    v = extras.get(EXTRA_BODY) if extras else None
+    return v if isinstance(v, Mapping) else None
 
 
 def answer_error(status: int, raw: bytes, headers: Mapping[str, str], url: str) -> ServerError:
@@ -496,41 +517,41 @@ _NOT_SAMPLING = frozenset(KWARG_KEYS) | _REQUEST_KWARGS
 
 
 class KwargsSplit:
-    """Keyword arguments sorted: sampling knobs, engine fields (by EDN key) and request attributes."""
+    """Keyword arguments sorted: sampling knobs, the extras with the engine fields in them (by EDN key), and
+    the request attributes (`attrs`; `request_id` read out of them)."""
 
-    __slots__ = ("sampling", "fields", "attrs")
+    __slots__ = ("sampling", "extras", "attrs", "request_id")
 
-    def __init__(self, kwargs: Mapping[str, object]) -> None:
+    def __init__(self, kwargs: Mapping[str, object], extras: Mapping[str, Edn] | None) -> None:
         self.sampling: Mapping[str, object] = kwargs
-        self.fields: dict[str, Edn] = {}
+        self.extras: dict[str, Edn] = dict(extras) if extras else {}
         self.attrs: dict[str, Edn] = {}
+        self.request_id: str | int | None = None
         if _NOT_SAMPLING.isdisjoint(kwargs):  # the common call: sampling knobs only, nothing copied
             return
         self.sampling = {}
+        fields: dict[str, Edn] = {}
         for k, v in kwargs.items():
             if k in _REQUEST_KWARGS:
                 self.attrs[k] = cast(Edn, v)  # read and checked with the request it goes into
             elif k in KWARG_KEYS:
-                self.fields[KWARG_KEYS[k]] = _as_edn_value(v)
+                fields[KWARG_KEYS[k]] = _as_edn_value(v)
             else:
                 self.sampling[k] = v
-
-    def extras(self, extras: Mapping[str, Edn] | None) -> dict[str, Edn]:
-        out = dict(extras or {})
-        for k, v in self.fields.items():
-            if k in out:
+        for k, v in fields.items():
+            if k in self.extras:
                 raise ValidationError([Problem("error", "request/conflict", f"{k.rsplit('/', 1)[1]!r} is given twice: "
                                                f"as a keyword argument and as :{k} in extras", field=k)])
-            out[k] = v
-        return out
+            self.extras[k] = v
+        self.request_id = cast("str | int | None", self.attrs.get("request_id"))
 
 
 def chat_request(messages: MessagesInput, model: str | None, tools: Edn, stream: bool, sampling: Mapping[str, object],
                  extras: Mapping[str, Edn] | None) -> ChatRequest:
-    split = KwargsSplit(sampling)
+    split = KwargsSplit(sampling, extras)
     return ChatRequest(messages=as_messages(messages), model=model, sampling=sampling_from_kwargs(split.sampling),
-                       stream=stream or None, tools=tools, extras=split.extras(extras),
-                       tool_choice=split.attrs.get("tool_choice"), request_id=cast("str | int | None", split.attrs.get("request_id")))
+                       stream=stream or None, tools=tools, extras=split.extras,
+                       tool_choice=split.attrs.get("tool_choice"), request_id=split.request_id)
 
 
 class ManagedServer(Protocol):
@@ -597,6 +618,10 @@ class BaseClient:
         err = answer_error(status, raw, headers, plan.url)
         err.request_id = plan.request.request_id
         err.server_request_id = headers.get("x-request-id")
+        err.backend = plan.dialect.name
+        param = err.details.get(K_PARAM)
+        if type(param) is str:  # the refused field, named by the engine: which of the request's keys it came from
+            err.field = key_of_param(plan.dialect.name, param, _extra_body(plan.request.extras))
         return self._explain_withheld(err, plan)
 
     def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:
@@ -667,9 +692,12 @@ class BaseClient:
         http = dialect.render(req)
         return Plan(req, dialect, http, base + http.path, base, self._key_withheld(base))
 
-    def _finish(self, plan: Plan, status: int, headers: Mapping[str, str], raw: bytes, sent: float) -> AnyResponse:
+    def _finish(self, plan: Plan, r: Reply, sent: float, server_id: str | None) -> AnyResponse:
+        """The typed answer to a whole-read `r`; `server_id`: its `x-request-id` (the id the server used).
+        `r.headers` is read only for an error (the sync wire builds that map when asked)."""
+        status, raw = r.status_code, r.content
         if status >= 300:
-            raise self._http_error(status, raw, headers, plan)
+            raise self._http_error(status, raw, r.headers, plan)
         obj = decode_json(raw)
         refused: list[str] = []
         if obj is None:
@@ -680,8 +708,9 @@ class BaseClient:
             obj = raw.decode("utf-8", "replace")  # a control call's answer in words (vLLM, SGLang), or none
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
-            resp = with_server_id(plan.dialect.parse(plan.request, obj, plan.url, clock), headers.get("x-request-id"),
-                                  plan.sends)
+            resp = plan.dialect.parse(plan.request, obj, plan.url, clock)
+            if server_id is not None or plan.sends != 1:  # most answers: nothing to add, no call
+                resp = with_server_id(resp, server_id, plan.sends)
         except KotobaError as e:
             e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
             raise
@@ -725,9 +754,9 @@ class BaseClient:
                             extras: Mapping[str, Edn] | None, native: bool) -> CompletionRequest | GenerateRequest:
         cls: type[CompletionRequest | GenerateRequest] = GenerateRequest if native else CompletionRequest
         model = model if model is not None else self.model
-        split = KwargsSplit(sampling)
+        split = KwargsSplit(sampling, extras)
         if "tool_choice" in split.attrs:
             raise ValidationError([Problem("error", "request/type", "tool_choice is a chat argument",
                                            field="vllm/tool-choice")])
         return cls(prompt=prompt, model=model, sampling=sampling_from_kwargs(split.sampling), stream=stream or None,
-                   extras=split.extras(extras), request_id=cast("str | int | None", split.attrs.get("request_id")))
+                   extras=split.extras, request_id=split.request_id)

@@ -308,16 +308,18 @@ class Client(BaseClient, EndpointCalls):
     def _send(self, plan: Plan, timeout: httpx.Timeout, stream: bool, deadline_s: float | None) -> SyncAnswer:
         http = plan.http
         until = None if deadline_s is None else time.monotonic() + deadline_s
+        left = deadline_s
         for _ in range(MAX_RESENDS + 1):
             attempt = Attempt()
             try:
                 return self._wire.send(http.method, plan.url, json=http.body, headers=http.headers, timeout=timeout,
                                        stream=stream, attempt=attempt, withhold_key=plan.key_withheld,
-                                       deadline_s=None if until is None else until - time.monotonic())
+                                       deadline_s=left)
             except TransportError as e:
                 if may_resend(e, attempt):
                     self.resends += 1
                     plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
+                    left = None if until is None else until - time.monotonic()
                     continue
                 died = _death(self, e)
                 if died is not None:
@@ -387,7 +389,7 @@ class Client(BaseClient, EndpointCalls):
             return self._open_stream(plan, t, d).until_done()
         sent = time.perf_counter()
         r = self._send(plan, t, False, d)
-        return self._finish(plan, r.status_code, r.headers, r.content, sent)
+        return self._finish(plan, r, sent, r.header("x-request-id"))
 
     def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                deadline: DeadlineArg = None) -> Stream:
@@ -620,7 +622,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                 raise
             finally:
                 deadlines.disarm(watch)
-        return self._finish(plan, r.status_code, r.headers, r.content, sent)
+        return self._finish(plan, r, sent, r.headers.get("x-request-id"))
 
     async def stream(self, request: TextRequest | EdnMap, *, timeout: TimeoutArg = None,
                      deadline: DeadlineArg = None) -> AsyncStream:

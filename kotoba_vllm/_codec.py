@@ -619,7 +619,7 @@ def write_fields(obj: object, skip: AbstractSet[Keyword] = frozenset()) -> list[
         for name, x in extras.items():
             if skipped is not None and name in skipped:
                 continue
-            entry = kept.get(x)
+            entry = kept.get(id(x))
             if entry is not None and entry[0] == name:
                 parts.append(entry[1])
             else:
@@ -636,7 +636,7 @@ _IMMUTABLE = (str, bool, int, InternedKeyword, Keyword, type(None))
 def keep_extra_text(name: str, value: object) -> None:
     """Keep the record text of the extra `name` holding `value`, for `write_fields` to reuse whenever that
     very object is that extra again. Immutable values only (a kept text must stay true)."""
-    had = _KEPT_ENTRIES.get(value)
+    had = _KEPT_ENTRIES.get(id(value))
     if type(value) not in _IMMUTABLE or had is not None and had[0] == name:
         return
     try:

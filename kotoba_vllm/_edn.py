@@ -70,6 +70,15 @@ class Form:
     def where(self) -> str:
         return f"{self.source}:{self.line}:{self.column}"
 
+    def anchor(self) -> "tuple[str, int, str, int, int] | None":
+        """What reads this form again where it stands (its text, offset, source, line, column), or None when
+        its reader started elsewhere: light to keep (the text is the file chunk it was read from, shared), where
+        the form itself keeps its reader's position tables. `read_coll_at(*anchor)` reads it again."""
+        r = self._reader
+        if r is None or (self.line, self.column) != (r.base_line, r.base_column):
+            return None
+        return r.text, r.start, self.source, self.line, self.column
+
     def nested(self, value: Edn) -> Form:
         """A form for `value`, read inside this one (an element of a top-level vector): it is
         located where this form starts, and the keys of maps inside it stay locatable."""
@@ -165,13 +174,16 @@ class _Reader:
         # offsets are found only when a problem or a key is located.
         self.lex = Tokens(text, start)
         self.tokens = iter(self.lex)  # (index, text) of each token, comments included
-        # id(map) -> (its keys, their tokens), in reading order
-        self.key_offsets: dict[int, tuple[list[Any], list[int]]] = {}
+        # id(map) -> (that map, its keys, their tokens), in reading order; the entry holds its map, so no
+        # other object can have that id while the entry lives (`locate` checks it is the very map)
+        self.key_offsets: dict[int, tuple[object, list[Any], list[int]]] = {}
         self.depth = 0
         self.last_closer = -1  # the token of the last closing bracket read
 
     def locate(self, mapping: object, key: Edn) -> tuple[int, int] | None:
-        keys, starts = self.key_offsets.get(id(mapping), ((), ()))
+        held, keys, starts = self.key_offsets.get(id(mapping), (None, (), ()))
+        if held is not mapping:
+            return None
         for k, i in zip(keys, starts):  # only when a problem is located: a scan beats hashing every key twice
             if k == key:
                 return self.where(self.lex.offset(i))
@@ -445,7 +457,7 @@ class _Reader:
                     raise self.fail("unhashable map key", starts[2 * i]) from None
                 if len(out) == n:
                     raise self.fail(f"duplicate map key {dumps(k)}", starts[2 * i])
-        self.key_offsets[id(out)] = (keys, starts[0::2])
+        self.key_offsets[id(out)] = (out, keys, starts[0::2])
         return out
 
 

@@ -222,11 +222,14 @@ class ServerError(KotobaError):
         self.details: dict[Keyword | str, Edn] = dict(details or {})
         self.partial_text = partial_text
         self.key_withheld: str | None = None  # why the API key was not sent to this server, when it was not
+        self.backend: str | None = None  # the engine dialect that sent the request, when a client did
+        self.field: str | None = None  # the EDN key of the field the server named as refused (vLLM's `param`)
 
     def _fields(self) -> dict[str, Edn]:
         return {"vllm/status": self.status, "vllm/error-type": self.error_type,
                 "vllm/details": self.details or None, "vllm/raw-body": self.raw_body,
-                "vllm/partial-text": self.partial_text, "vllm/key-withheld": self.key_withheld}
+                "vllm/partial-text": self.partial_text, "vllm/key-withheld": self.key_withheld,
+                "vllm/backend": self.backend, "vllm/field": kw(self.field) if self.field else None}
 
 
 class AdmissionRejected(ServerError):

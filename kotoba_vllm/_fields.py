@@ -20,6 +20,7 @@ tests/test_engine_fields.py holds these against the tables read from the engines
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple, TypeGuard, TypeVar
@@ -624,6 +625,35 @@ ENGINE_OWN: dict[str, dict[str, str]] = {
                  "logit_bias": ":vllm/logit-bias", "content": ":vllm/text (tokenize)",
                  "add_special": ":vllm/add-special"},
 }
+
+_FROM_WIRE: dict[str, dict[str, str]] = {}
+_KEY_NAMED = re.compile(r":([\w.-]+/[\w-]+)")  # an EDN key named in ENGINE_OWN's text
+
+
+def _wire_to_key(engine: str) -> dict[str, str]:
+    """Wire field -> the one EDN key that renders it on `engine` (a field two keys render is left out)."""
+    table = _FROM_WIRE.get(engine)
+    if table is None:
+        table = {}
+        for wire, how in {**ENGINE_OWN["common"], **ENGINE_OWN.get(engine, {})}.items():
+            keys = set(_KEY_NAMED.findall(how))
+            if len(keys) == 1:
+                table[wire] = keys.pop()
+        table.update({on.wire: f.key for f in BY_KEY.values() for e, on in f.engines.items() if e == engine})
+        _FROM_WIRE[engine] = table
+    return table
+
+
+def key_of_param(engine: str, param: str, extra_body: Mapping[object, object] | None = None) -> str | None:
+    """The EDN key a JSON field of the request body came from, for the field an engine names when it refuses
+    one (vLLM's `param`: `max_tokens`, or a pydantic location such as `body.messages.0.content`): the
+    pass-through when it sent that field, else the key that renders it; None when no key does."""
+    parts = param.split(".")
+    name = parts[1] if parts[0] == "body" and len(parts) > 1 else parts[0]
+    if extra_body and any(_name_text(k) == name for k in extra_body):
+        return EXTRA_BODY
+    return _wire_to_key(engine).get(name)
+
 
 DEPRECATED, INTERNAL, UNREPRESENTABLE = "deprecated", "engine-internal", "not representable as EDN data"
 # engine -> wire field -> (reason, why)

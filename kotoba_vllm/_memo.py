@@ -30,42 +30,31 @@ class BoundedMemo(Dict[K, V]):
         return value
 
 
-class IdentityMemo(Generic[K, V]):
+class IdentityMemo(Dict[int, V], Generic[K, V]):
     """A memo keyed by an object's identity, for values that hash slowly (a frozen attrs instance) and
     recur as the very same object (one structured `Sampling` shared by a batch's requests).
 
-    Each entry holds its key object, so while the entry lives no other object can have that id; a read
-    checks the held object `is` the one asked about. Bounded like `BoundedMemo` (starts over when full)."""
+    Read it as a plain dict of ids, `memo.get(id(obj))`: no Python call on a hit. That read is exact
+    because the memo holds every key object it was given (`keep`) for as long as its entry lives, so no
+    other object can have that id meanwhile. Write only through `keep` (which holds the key). Bounded like
+    `BoundedMemo` (starts over when full)."""
 
-    __slots__ = ("_entries", "limit")
+    __slots__ = ("_held", "limit")
 
     def __init__(self, limit: int) -> None:
-        self._entries: dict[int, tuple[K, V]] = {}
+        super().__init__()
+        self._held: dict[int, K] = {}
         self.limit = limit
 
-    def get(self, key: K) -> V | None:
-        """The value kept for this very object, or None."""
-        entry = self._entries.get(id(key))
-        return entry[1] if entry is not None and entry[0] is key else None
-
     def keep(self, key: K, value: V) -> V:
-        """Remember `value` for this object and return it; forget everything first when full."""
-        entries = self._entries
-        if len(entries) >= self.limit:
-            entries.clear()
-        entries[id(key)] = (key, value)
+        """Remember `value` for this object (and hold the object) and return it; forget all first when full."""
+        if len(self) >= self.limit:
+            self.clear()
+        i = id(key)
+        self._held[i] = key
+        self[i] = value
         return value
 
-    def pop(self, key: K) -> V | None:
-        """Take this object's value out (None when it has none)."""
-        entry = self._entries.get(id(key))
-        if entry is None or entry[0] is not key:
-            return None
-        del self._entries[id(key)]
-        return entry[1]
-
     def clear(self) -> None:
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().clear()
+        self._held.clear()

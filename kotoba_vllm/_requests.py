@@ -70,12 +70,17 @@ def _find_key(value: object, key: Keyword, form: Form) -> tuple[int, int] | None
     return None
 
 
+def key_where(form: Form, key: str) -> str | None:
+    """`file:line:column` of the first `key` (an EDN key, "vllm/max-tokens") in `form`, or None."""
+    loc = _find_key(form.value, kw(key), form)
+    return f"{form.source}:{loc[0]}:{loc[1]}" if loc else None
+
+
 def locate_problems(problems: Iterable[Problem], form: Form) -> list[Problem]:
     """Give each unlocated problem the file:line:column of its key in `form` (else of the form)."""
     out = []
     for p in problems:
         if p.where is None:
-            loc = _find_key(form.value, kw(p.field), form) if p.field else None
-            p = attrs.evolve(p, where=f"{form.source}:{loc[0]}:{loc[1]}" if loc else form.where)
+            p = attrs.evolve(p, where=(key_where(form, p.field) if p.field else None) or form.where)
         out.append(p)
     return out

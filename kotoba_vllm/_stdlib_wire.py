@@ -156,11 +156,12 @@ class _Headers(dict[str, str]):
 
 
 def _headers(msg: http.client.HTTPMessage) -> _Headers:
-    h = _Headers()
-    for k, v in msg.items():
+    h: dict[str, str] = {}
+    for k, v in msg.raw_items():  # as `items()` gives them: http.client's latin-1 text needs no sanitizing
         k = k.lower()
-        h[k] = f"{dict.__getitem__(h, k)}, {v}" if dict.__contains__(h, k) else v
-    return h
+        prev = h.get(k)
+        h[k] = v if prev is None else f"{prev}, {v}"
+    return _Headers(h)
 
 
 def _wire_error(e: BaseException, phase: str, url: str, timeout: httpx.Timeout) -> TransportError:
@@ -207,7 +208,7 @@ class StdlibAnswer:
     """An http.client response under httpx.Response's names; a body read to its end returns the
     connection to the pool, one closed early (or past a limit) closes the connection."""
 
-    __slots__ = ("_r", "_conn", "_wire", "url", "status_code", "_headers", "_content", "_body", "_timeout",
+    __slots__ = ("_r", "_conn", "_wire", "url", "status_code", "_headers", "_content", "_limit", "_timeout",
                  "is_closed")
 
     def __init__(self, r: http.client.HTTPResponse, conn: _Connection, wire: "StdlibWire", url: str,
@@ -216,7 +217,7 @@ class StdlibAnswer:
         self.status_code = r.status
         self._headers: _Headers | None = None
         self._content: bytes | None = None
-        self._body = Body(url, max_bytes, r.msg.get("content-encoding"))
+        self._limit = max_bytes  # the body's size limit (received and decoded, each)
         self._timeout = timeout
         self.is_closed = False
 
@@ -226,6 +227,12 @@ class StdlibAnswer:
         if self._headers is None:
             self._headers = _headers(self._r.msg)
         return self._headers
+
+    def header(self, name: str) -> str | None:
+        """`headers.get(name)` (repeats joined alike), without building the map: most answers never need it."""
+        if self._headers is not None:
+            return self._headers.get(name)
+        return self._r.getheader(name)
 
     @property
     def content(self) -> bytes:
@@ -243,18 +250,16 @@ class StdlibAnswer:
 
     def read(self) -> bytes:
         if self._content is None:
-            r, body = self._r, self._body
+            r = self._r
             try:
                 length = r.length
-                if length is not None and length > body.limit:  # said up front: no byte need be read
-                    raise too_large(self.url, body.limit, length, "received")
-                parts = []
-                while data := r.read1(_READ):  # to the end (length, chunked or close-delimited)
-                    parts.append(body.feed(data))
-                if r.length:  # read1 ends quietly at EOF: a Content-Length not met is a broken answer
-                    raise http.client.IncompleteRead(b"", r.length)
-                parts.append(body.end())
-                self._content = parts[0] if len(parts) == 2 and not parts[1] else b"".join(parts)
+                if length is not None and length > self._limit:  # said up front: no byte need be read
+                    raise too_large(self.url, self._limit, length, "received")
+                encoding = r.msg.get("content-encoding")
+                if length is not None and encoding is None:  # sent as is, Content-Length bytes: within the limit
+                    self._content = r.read()
+                else:
+                    self._content = b"".join(self._bounded(Body(self.url, self._limit, encoding)))
             except TransportError:
                 self.close()
                 raise
@@ -266,19 +271,8 @@ class StdlibAnswer:
 
     def iter_bytes(self) -> Iterator[bytes]:
         """Bytes as they arrive (`read1`: one socket read at most, chunked framing removed)."""
-        r, body = self._r, self._body
         try:
-            while True:
-                data = r.read1(_READ)
-                if not data:
-                    break
-                data = body.feed(data)
-                if data:
-                    yield data
-            if r.length:
-                raise http.client.IncompleteRead(b"", r.length)
-            if tail := body.end():
-                yield tail
+            yield from self._bounded(Body(self.url, self._limit, self._r.msg.get("content-encoding")))
         except TransportError:
             self.close()
             raise
@@ -286,6 +280,18 @@ class StdlibAnswer:
             self.close()
             raise self._error(e) from e
         self._done()
+
+    def _bounded(self, body: Body) -> Iterator[bytes]:
+        """The body's decoded bytes as they arrive, through the bounded decoder (to the end: length,
+        chunked or close-delimited)."""
+        r = self._r
+        while data := r.read1(_READ):
+            if data := body.feed(data):
+                yield data
+        if r.length:  # read1 ends quietly at EOF: a Content-Length not met is a broken answer
+            raise http.client.IncompleteRead(b"", r.length)
+        if tail := body.end():
+            yield tail
 
     def _error(self, e: BaseException) -> TransportError:
         if isinstance(e, _Expired):
@@ -410,11 +416,15 @@ class StdlibWire:
         assert sock is not None
         phase = "write"
         try:
-            sock.settimeout(_within(timeout.write, until))
+            write_s = timeout.write
+            if deadline_s is not None and (write_s is None or deadline_s < write_s):
+                write_s = deadline_s  # the deadline (`until`) began microseconds ago: no clock read for that
+            sock.settimeout(write_s)
             conn.request(method, o.target, body=content, headers=h)
             phase = "read"
             conn.until, conn.until_is = until, ("total", deadline_s)
-            sock.settimeout(_within(timeout.read, until))
+            if until is None:  # else each read sets its own timeout, cut to the deadline (`_CountingReader`)
+                sock.settimeout(timeout.read)
             r = conn.getresponse()
         except WIRE_ERRORS as e:
             conn.close()
@@ -448,7 +458,9 @@ def _within(limit_s: float | None, until: float | None) -> float | None:
     """A phase's timeout, cut to what is left of the deadline."""
     if until is None:
         return limit_s
-    left = max(until - time.monotonic(), 0.001)
+    left = until - time.monotonic()
+    if left < 0.001:
+        left = 0.001
     return left if limit_s is None or left < limit_s else limit_s
 
 

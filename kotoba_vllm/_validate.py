@@ -21,7 +21,7 @@ _CLEAN_SAMPLINGS: IdentityMemo[Sampling, bool] = IdentityMemo(1024)
 
 
 def sampling_problems(s: Sampling) -> list[Problem]:
-    if _CLEAN_SAMPLINGS.get(s):
+    if _CLEAN_SAMPLINGS.get(id(s)):
         return []
     out = _sampling_problems(s)
     if not out:

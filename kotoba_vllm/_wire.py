@@ -175,6 +175,10 @@ class HttpxAnswer:
     def headers(self) -> Mapping[str, str]:
         return self._r.headers
 
+    def header(self, name: str) -> str | None:
+        value: str | None = self._r.headers.get(name)
+        return value
+
     @property
     def content(self) -> bytes:
         if self._content is None:
@@ -287,6 +291,9 @@ class SyncAnswer(Protocol):
 
     @property
     def headers(self) -> Mapping[str, str]: ...
+
+    def header(self, name: str) -> str | None:
+        """One header's value (`headers.get(name)`, without building the whole map where that costs)."""
 
     @property
     def content(self) -> bytes: ...

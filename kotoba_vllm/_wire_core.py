@@ -72,7 +72,7 @@ class Body:
     def __init__(self, url: str, limit: int, encoding: str | None) -> None:
         self.url, self.limit = url, limit
         self.received = self.decoded = 0
-        self._dec = _decoder(encoding)
+        self._dec = None if encoding is None else _decoder(encoding)  # most bodies are sent as is
 
     def feed(self, data: bytes) -> bytes:
         self.received += len(data)

@@ -229,7 +229,7 @@ class _PoolCore(Generic[C]):
             self._notes.clear()
         # The same few admissions recur (the view hands out the ones it made): their extras are made once a
         # round, found by identity (an attrs hash is a Python call), and their EDN text is kept for the records
-        notes = self._notes.get(adm)
+        notes = self._notes.get(id(adm))
         if notes is None:
             a = cap.answer_for(adm.member or "")
             notes = {"capacity/enforced?": adm.enforced, "pool/member": adm.member, "pool/why": adm.why}

@@ -68,6 +68,17 @@ def test_a_burst_past_the_edge_shrinks_the_limit_to_what_the_member_held_and_it_
     assert m.limit == 64 and m.in_flight == 0
 
 
+def test_refusals_that_overtook_each_other_still_find_what_the_member_held() -> None:
+    # 15 started, the member held 4: the refused ones are any 11 of them, not the last 11 (a loaded client
+    # or network reorders requests on the way), and whichever came first the limit lands on 4, not 1
+    for refused in (list(range(4, 15)), list(range(1, 12)), [0, 2, 3, 5, 6, 8, 9, 10, 12, 13, 14]):
+        m = MemberFlow("m", 16)
+        tickets = [m.start() for _ in range(15)]
+        for i in refused:
+            m.rejected(tickets[i], None, 0.0)
+        assert m.limit == 4 and m.edge == 4, refused
+
+
 def test_headroom_leaves_slots_of_the_edge_free_for_other_clients() -> None:
     m = MemberFlow("m", 64, headroom=1)
     assert m.cap == 63  # unmeasured, nothing refused: the ceiling less the headroom
@@ -126,8 +137,8 @@ class Measured:
     def admits(self, member: str) -> bool | None:
         return self.free_
 
-    def free(self, member: str) -> tuple[int, object] | None:
-        return None if self.slots is None else (self.slots, self.round)
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+        return self.free_, None if self.slots is None else (self.slots, self.round)
 
     def begin(self, member: str) -> None:
         self.begun[member] += 1

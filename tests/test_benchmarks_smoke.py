@@ -40,15 +40,18 @@ def test_canned_server_answers_chat_and_streams_through_the_client(canned) -> No
 
 
 def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--no-llama", "--only", "abcdef", "--out",
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--no-llama", "--only", "abcdefh", "--out",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     for scenario in ("a. latency", "b. client CPU per request", "c. client CPU per streamed chunk",
                      "d. AsyncClient CPU per request, conc 4", "d. run CPU per request, conc 4",
                      "d. connections at the server, conc 4", "d. run --pool (2 members), conc 4",
                      "d. run --pool time per request, conc 4",
                      "d. heap per open stream", "e. read EDN file",
-                     "e. render one response", "f. batch run"):
+                     "e. render one response", "f. batch run",
+                     "h. flow control CPU per request, never rejects, conc 4",
+                     "h. flow control CPU per request, 8 slots + 429, conc 4",
+                     "h. flow control CPU per request, 8 slots + 429, conc 4 against a fixed -c 8"):
         assert scenario in r.stdout, scenario
     assert "nproc=" in r.stdout and "x  " in r.stdout  # machine size and ratio columns
     [path] = list(tmp_path.iterdir())
@@ -61,7 +64,16 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     assert all(kw("bench/ratios") in x for x in rows)
     # every contender got every answer right, each in its own process
     throughput = result[kw("bench/throughput")]
-    assert throughput and all(t[kw("bench/good-min")] == t[kw("bench/n")] for t in throughput)
+    assert throughput and all(t[kw("bench/good-min")] == t[kw("bench/n")] for t in throughput
+                              if not t[kw("bench/contender")].startswith("kotoba-run-slots"))
+    # flow control on and off each ran against both servers, each with its ratio to off in the same round
+    flow = {t[kw("bench/contender")]: t for t in throughput if kw("bench/server") in t}
+    assert set(flow) == {"kotoba-run-flow-on", "kotoba-run-flow-off", "kotoba-run-flow-off-again", "kotoba-run-slots",
+                         "kotoba-run-slots-flow-off", "kotoba-run-slots-flow-off-again", "kotoba-run-slots-fixed"}
+    assert flow["kotoba-run-flow-on"][kw("bench/paired-cpu-ratio")] > 0
+    assert flow["kotoba-run-slots"][kw("bench/paired-cpu-ratio")] > 0
+    assert flow["kotoba-run-slots"][kw("bench/paired-cpu-ratio-to-fixed")] > 0
+    assert flow["kotoba-run-slots-fixed"][kw("bench/concurrency")] == 8  # the fixed limit is the slots
     pool = [t for t in throughput if t[kw("bench/contender")] == "kotoba-run-pool"]
     assert pool and all(t[kw("bench/paired-cpu-ratio")] > 0 for t in pool)
     assert "paired by round" in r.stdout

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kotoba_vllm import (AdmissionRejected, EmbeddingResponse, Health, ModelsResponse, Response, ServerError,
+from kotoba_vllm import (AdmissionRejected, BadRequest, EmbeddingResponse, Health, ModelsResponse, Response, ServerError,
                          TokenizeResponse, DetokenizeResponse, dumps, from_edn, kw, to_edn)
 from kotoba_vllm._model import (ClassifyResponse, ControlResponse, LoraAdaptersResponse, PoolingResponse,
                                 RerankResponse, ScoreResponse)
@@ -125,6 +125,39 @@ def test_replay(c: Cassette, mode: str) -> None:
             warnings.warn(CassetteDrift(f"{c.id} ({report.shape}) unmodeled fields: "
                                         + ", ".join(report.unmodeled)), stacklevel=1)
         assert not report.missing, f"{c.id}: fields the SDK relies on are gone: {report.missing}"
+
+
+SGLANG_LORA = {c.name: c for c in ALL if c.id.startswith("sglang/") and c.path.endswith(
+    ("lora_adapter", "/v1/models", "/generate")) and ("lora" in c.name)}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sglang_lora_answers_are_sglangs_own(mode: str) -> None:
+    """SGLang 0.5.23's serving layer, its own LoRAManager in the faked scheduler (scripts/record-sglang --only
+    lora): what the SDK makes of each recorded answer."""
+    assert {"lora-load", "lora-list", "lora-load-duplicate", "lora-load-missing", "lora-load-rank-too-high",
+            "generate-with-lora", "generate-with-unknown-lora", "lora-unload", "lora-unload-unknown"} <= set(SGLANG_LORA)
+    for c in SGLANG_LORA.values():
+        assert c.how == "recorded" and "LoRAManager" in c.provenance[kw("cassette/source")], c.id
+    got = {name: run(c, mode) for name, c in SGLANG_LORA.items()}
+    loaded = got["lora-load"].result
+    assert isinstance(loaded, ControlResponse) and loaded.ok and loaded.backend == "sglang"
+    assert loaded.detail is not None and kw("sql") in loaded.detail[kw("loaded_adapters")]
+    listed = got["lora-list"].result
+    assert isinstance(listed, LoraAdaptersResponse) and [a.name for a in listed.adapters] == ["sql"]
+    refusals = {"lora-load-duplicate": "already loaded", "lora-load-missing": "/nonexistent/adapter",
+                "lora-load-rank-too-high": "--max-lora-rank", "generate-with-unknown-lora": "never been loaded: nope",
+                "lora-unload-unknown": "sql does not exist"}
+    for name, words in refusals.items():
+        err = got[name].error
+        assert isinstance(err, BadRequest) and err.status == 400 and words in err.message, (name, err)
+    answer = got["generate-with-lora"].result
+    assert isinstance(answer, Response) and answer.backend == "sglang" and answer.text
+    # the tokenizer manager resolved the adapter's name to the id it handed the scheduler
+    (seen,) = SGLANG_LORA["generate-with-lora"].engine_received or ()
+    assert seen["lora_id"]
+    unloaded = got["lora-unload"].result
+    assert isinstance(unloaded, ControlResponse) and unloaded.ok
 
 
 def check_sent(c: Cassette, out: Outcome) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from _strategies import responses, stream_deltas, usages
 from kotoba_vllm._codec import keep_extra_text, write_edn
-from kotoba_vllm._edn import dumps, kw, read_one
+from kotoba_vllm._edn import dumps, kw, pretty, read_one
 from kotoba_vllm._model import ChatRequest, EmbeddingResponse, Message, Response, TokenizeResponse, to_edn
 from kotoba_vllm.batch import BatchEntry, Recorder
 
@@ -51,6 +51,19 @@ def test_a_batch_record_is_the_generic_text_and_reads_back_in_both_readers(
     lines = Recorder("edn").ok(e, resp, deltas)
     assert lines == [dumps(to_edn(d)) for d in deltas] + [_generic_record(e, resp)]
     assert edn_format.loads(lines[-1]) == read_one(lines[-1])  # edn_format reads what we read
+
+
+@settings(max_examples=200)
+@given(responses, st.lists(stream_deltas, max_size=2), st.none() | st.text(max_size=8))
+def test_a_pretty_record_is_the_same_record_as_the_compact_one_with_the_generic_layout(
+        resp: Response, deltas: list[Any], request_id: Any) -> None:
+    # `run --pretty` lays line breaks over the one writer's text: the same values, and pretty()'s layout of them
+    req = ChatRequest(messages=(Message(role="user", content="hi"),), request_id=request_id)
+    e = BatchEntry(7, "f.edn:1:1", req)
+    compact, shown = Recorder("edn").ok(e, resp, deltas), Recorder("edn", pretty_print=True).ok(e, resp, deltas)
+    assert shown[:-1] == compact[:-1]  # deltas stay one line each
+    assert shown[-1] == pretty(read_one(_generic_record(e, resp)))
+    assert read_one(shown[-1]) == read_one(compact[-1])
 
 
 @settings(max_examples=200)

@@ -10,6 +10,7 @@ module); `KOTOBA_VLLM_FUZZ=long` (or `-m slow`) runs every target 20x longer.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -355,13 +356,20 @@ bodies = st.one_of(json_values.map(lambda v: json.dumps(v).encode()), st.binary(
                    json_values.map(lambda v: json.dumps({"choices": [v]}).encode()))
 
 
+@dataclasses.dataclass
+class _Reply:
+    status_code: int
+    headers: dict[str, str]
+    content: bytes
+
+
 @fuzz("response-parse", st.tuples(st.sampled_from(PLANS), st.sampled_from([200, 200, 200, 400, 429, 500, 503]),
                                   bodies))
 def test_any_answer_is_typed(case: tuple[Any, int, bytes]) -> None:
     plan, status, raw = case
     client = BaseClient(plan.base_url, backend=plan.dialect.name)
     try:
-        client._finish(plan, status, {"retry-after": "1"}, raw, 0.0)
+        client._finish(plan, _Reply(status, {"retry-after": "1"}, raw), 0.0, None)
     except TYPED as e:
         named_error(e)
 

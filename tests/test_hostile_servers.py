@@ -209,9 +209,12 @@ def test_an_answer_past_the_size_limit_is_refused(path: str, length: bool) -> No
     assert str(SMALL) in out["message"] and srv.base_url in out["message"]
 
 
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("path", SYNC_ASYNC)
-def test_an_answer_under_the_limit_passes(path: str) -> None:
-    with FaultServer(big_json(SMALL // 2, length=False)) as srv:
+def test_an_answer_under_the_limit_passes(path: str, length: bool) -> None:
+    """Both ways of reading a body: sent as is with its length (read whole, the length its bound), or through
+    the bounded decoder (chunked): the same answer."""
+    with FaultServer(big_json(SMALL // 2, length=length)) as srv:
         out = run_child(_spec(path, srv.base_url))
     assert out["kind"] is None and len(out["ok"]) == SMALL // 2, out
 

@@ -323,24 +323,31 @@ def answer(member: str, state: str) -> CapacityAnswer | None:
     return CapacityAnswer(member, state, True)
 
 
+AMONG = (None, (MEMBERS[0],), (MEMBERS[2],), (MEMBERS[1], MEMBERS[2]), (MEMBERS[2], MEMBERS[0]), MEMBERS)
+
+
 @given(states=st.lists(st.sampled_from(STATES), min_size=3, max_size=3),
        steps=st.lists(st.tuples(st.sampled_from(("take", "end")), st.integers(0, 2),
-                                st.sampled_from((None, *MEMBERS))), max_size=12))
+                                st.sampled_from((None, *MEMBERS)), st.sampled_from(AMONG)), max_size=12))
 @settings(max_examples=300, deadline=None)
 def test_the_views_decision_is_admit_in_order_at_every_step(states: list[str], steps: list[Any]) -> None:
-    """The view's per-round shortcut (candidates read once, admissions made once) decides exactly as
-    the general rule does for the same round, counts and freed members, with and without a conversation."""
+    """The view's per-round shortcut (candidates read once, admissions made once, also among some members
+    only) decides exactly as the general rule does for the same round, counts and freed members, with and
+    without a conversation; and `admits` says whether that decision would choose a member."""
     from kotoba_vllm.capacity._verdict import admit_in_order, answers_by_endpoint, demote_busy_endpoints
     answers = [a for m, s in zip(MEMBERS, states) if (a := answer(m, s)) is not None]
     round_ = merge_pool_capacity(answers)
     view = CapacityView(MEMBERS)
     view.record(round_, started=0.0)
     by = answers_by_endpoint(round_.members)
-    for now, (op, i, affinity) in enumerate(steps, 1):
+    for now, (op, i, affinity, among) in enumerate(steps, 1):
         if op == "end":
             view.end(MEMBERS[i], float(now))
             continue
         freed = {m.rstrip("/") for m in view.freed()}
-        want = admit_in_order(demote_busy_endpoints(MEMBERS, by), by, affinity, inflight=dict(view.inflight),
-                              freed=freed, sent=dict(view.sent))
-        assert view.take(round_, affinity) == want
+        order = [m for m in demote_busy_endpoints(MEMBERS, by) if among is None or m in among]
+        want = admit_in_order(order, by, affinity, inflight=dict(view.inflight), freed=freed, sent=dict(view.sent))
+        no_conversation = admit_in_order(order, by, None, inflight=dict(view.inflight), freed=freed,
+                                         sent=dict(view.sent))
+        assert view.admits(round_, MEMBERS if among is None else among) is (no_conversation.member is not None)
+        assert view.take(round_, affinity, among) == want

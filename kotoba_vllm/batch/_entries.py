@@ -46,7 +46,7 @@ def entry_from_form(index: int, f: Form) -> BatchEntry:
     except Exception as exc:  # a reader bug costs this form its request, never the run its records
         msg = InternalError.from_exception(exc, during="while reading this request").message
         return BatchEntry(index, f.where, None, (Problem("error", "request/internal", msg, where=f.where),))
-    return BatchEntry(index, f.where, req, tuple(problems), checked=req is not None)
+    return BatchEntry(index, f.where, req, tuple(problems), checked=req is not None, anchor=f.anchor())
 
 
 def iter_edn_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:

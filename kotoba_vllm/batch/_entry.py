@@ -25,6 +25,9 @@ class BatchEntry:
     problems: tuple[Problem, ...] = ()
     custom_id: str | None = None
     checked: bool = False
+    # where its EDN form can be read again (`Form.anchor`), so a server's refusal naming a field can name that
+    # key's line and column; the form itself is not kept (its position tables cost ~4 KB a request held)
+    anchor: tuple[str, int, str, int, int] | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def sendable(self) -> bool:

@@ -82,12 +82,12 @@ EDGE_MEMORY_S = 60.0
 
 
 class FlowTicket:
-    """One request admitted to `member`: its start number and how many of ours were in flight to it then."""
+    """One request admitted to `member`, and its start number there."""
 
-    __slots__ = ("member", "seq", "fit")
+    __slots__ = ("member", "seq")
 
-    def __init__(self, member: MemberFlow, seq: int, fit: int) -> None:
-        self.member, self.seq, self.fit = member, seq, fit
+    def __init__(self, member: MemberFlow, seq: int) -> None:
+        self.member, self.seq = member, seq
 
 
 class MemberFlow:
@@ -109,6 +109,9 @@ class MemberFlow:
         self.edge: int | None = None  # the most of ours it held when refusing, remembered until edge_until
         self.edge_until = -math.inf
         self._edge_before = 0  # the edge before the current wave of rejections
+        self._wave_cap = float(ceiling)  # the current wave's limit, halved
+        self._wave_sent = 0  # ours in flight when the current wave's first refusal came (it included)
+        self._wave_refused = 0  # refusals of requests of the current wave
         self.rejections = 0
         self.pauses = 0
         self.ended_count = 0  # requests of ours to it that ended, however
@@ -123,11 +126,10 @@ class MemberFlow:
         return self.in_flight < self.cap and now >= self.paused_until
 
     def start(self) -> FlowTicket:
-        fit = self.in_flight
         self.in_flight += 1
         self.started += 1
         self.limits[self.cap] += 1
-        return FlowTicket(self, self.started, fit)
+        return FlowTicket(self, self.started)
 
     def answered(self, now: float, grow: bool = True) -> None:
         self.in_flight -= 1
@@ -142,16 +144,21 @@ class MemberFlow:
         self.in_flight -= 1
         self.ended_count += 1
         self.rejections += 1
-        fit = max(FLOOR, t.fit)  # it refused with this many of ours in flight: it holds at most that many
+        # What it holds of ours, counted over the wave: of the `_wave_sent` of ours in flight when its first
+        # refusal came, `_wave_refused` were refused so far. Not read off one refusal's own `fit`: requests
+        # overtake each other on the way (a loaded client or network), so a request started early can be the
+        # one refused while later ones got in.
         if t.seq > self.shrunk_at:  # sent under the current limit: a new signal
-            self.limit = max(float(FLOOR), min(self.limit * SHRINK, float(fit)))
+            self._wave_cap = self.limit * SHRINK
+            self._wave_sent, self._wave_refused = self.in_flight + 1, 1
             self.shrunk_at = self.started
             self.hold_until = now + HOLD_S
             self._edge_before = self.edge if self.edge is not None and now < self.edge_until else 0
-            self.edge = max(self._edge_before, fit)
-        else:  # the same wave: what it held is at most this
-            self.limit = max(float(FLOOR), min(self.limit, float(fit)))
-            self.edge = max(self._edge_before, min(self.edge if self.edge is not None else fit, fit))
+        else:  # the same wave
+            self._wave_refused += 1
+        held = max(FLOOR, self._wave_sent - self._wave_refused)
+        self.limit = max(float(FLOOR), min(self._wave_cap, float(held)))
+        self.edge = max(self._edge_before, held)
         self.edge_until = now + EDGE_MEMORY_S
         self.cap = self._cap()
         if retry_after_s is not None and retry_after_s > 0:
@@ -190,8 +197,9 @@ class MeasuredCapacity(Protocol):
     def admits(self, member: str) -> bool | None:
         """May a request go to `member` now: True / False, None when unmeasured (AIMD and pauses decide)."""
 
-    def free(self, member: str) -> tuple[int, object] | None:
-        """`member`'s measured free slots and the round they were read in (None: no count of them)."""
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+        """`admits(member)`, and `member`'s measured free slots with the round they were read in (None: no count
+        of them): both from one look at the view, as flow control asks them together before every request."""
 
     def begin(self, member: str) -> None:
         """One of ours started on `member`."""
@@ -237,9 +245,9 @@ class FlowControl:
         cap = self.capacity
         if cap is None:
             return True
-        if cap.admits(m.name) is False:
+        admits, free = cap.reading(m.name)
+        if admits is False:
             return False
-        free = cap.free(m.name)
         if free is None:
             return True
         slots, round_ = free

@@ -95,20 +95,23 @@ class ProbedCapacity:
             return None  # no reading to go by (yet, or any more)
         return view.decide(cap, None).member is not None
 
-    def free(self, member: str) -> tuple[int, object] | None:
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+        admits = self.admits(member)
+        if member in self.unprobed:
+            return admits, None
         view = self.views.get(member)
         cap = view.snapshot if view is not None else None
         n = free_slots(cap.answer_for(member)) if cap is not None else None
-        return None if n is None else (n, cap)
+        return admits, None if n is None else (n, cap)
 
     def begin(self, member: str) -> None:
         view = self.views.get(member)
-        if view is not None:
+        if view is not None and member not in self.unprobed:  # nothing reads an unmeasured member's counts
             view.begin(member)
 
     def end(self, member: str) -> None:
         view = self.views.get(member)
-        if view is not None:
+        if view is not None and member not in self.unprobed:
             view.end(member, time.monotonic())
 
     def _start_round(self, member: str, view: CapacityView) -> None:
@@ -151,38 +154,51 @@ def _retrieve(t: "asyncio.Task[PoolCapacity]") -> None:
         t.exception()  # a failed round is the next round's to report, not the loop's log
 
 
-def _measured(cap: PoolCapacity, member: str) -> bool:
-    a = cap.answer_for(member)
-    return a is not None and a.measured
-
-
-def _busy(cap: PoolCapacity, member: str) -> bool:
-    a = cap.answer_for(member)
-    return a is not None and a.busy
-
-
 class PoolViewCapacity:
     """Would the pool admit a request now (by its own view, the round it would read), and to which member?"""
 
     def __init__(self, pool: AsyncPool) -> None:
         self.pool = pool
         self._first_round: asyncio.Task[PoolCapacity] | None = None
+        # what the latest round says of each member (its answer, its free slots), read once a round: the round
+        # changes only when a probe round lands, and flow control asks several times per request
+        self._read: PoolCapacity | None = None
+        self._by_member: dict[str, tuple[CapacityAnswer | None, int | None]] = {}
 
     def _round(self) -> PoolCapacity | None:
         view = self.pool.view
         cap = view.snapshot
         return cap if cap is not None and view.fresh(time.monotonic()) else None
 
+    def _member(self, cap: PoolCapacity, member: str) -> tuple[CapacityAnswer | None, int | None]:
+        if cap is not self._read:
+            self._read, self._by_member = cap, {}
+        found = self._by_member.get(member)
+        if found is None:
+            a = cap.answer_for(member)
+            found = self._by_member[member] = (a, free_slots(a))
+        return found
+
+    def _measured(self, cap: PoolCapacity, member: str) -> bool:
+        a = self._member(cap, member)[0]
+        return a is not None and a.measured
+
+    def _busy(self, cap: PoolCapacity, member: str) -> bool:
+        a = self._member(cap, member)[0]
+        return a is not None and a.busy
+
     def admits(self, member: str) -> bool | None:
         cap = self._round()
         if cap is None:
             return None  # the pool takes a round when it sends: let it
-        return self.pool.view.decide(cap, None, (member,)).member is not None
+        return self.pool.view.admits(cap, (member,))
 
-    def free(self, member: str) -> tuple[int, object] | None:
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
         cap = self._round()
-        n = free_slots(cap.answer_for(member)) if cap is not None else None
-        return None if n is None else (n, cap)
+        if cap is None:
+            return None, None
+        n = self._member(cap, member)[1]
+        return self.pool.view.admits(cap, (member,)), None if n is None else (n, cap)
 
     def choose(self, e: BatchEntry, allowed: Sequence[str]) -> str | None:
         """The member the pool's view picks for `e` among `allowed` (its affinity, its spreading), on the
@@ -200,8 +216,8 @@ class PoolViewCapacity:
             return None
         affinity = pool.affinity.lookup(e.request) if e.request is not None else None
         name = view.decide(cap, affinity, allowed).member
-        if name is not None and not _measured(cap, name) and any(
-                _measured(cap, m) and not _busy(cap, m) for m in pool.members if m not in allowed):
+        if name is not None and len(allowed) < len(pool.members) and not self._measured(cap, name) and any(
+                self._measured(cap, m) and not self._busy(cap, m) for m in pool.members if m not in allowed):
             # The members the round measured with room are held back only by our own limits: wait for them
             # rather than spill onto one the round could not measure (a probe past its deadline, too large).
             return None

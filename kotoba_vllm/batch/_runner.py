@@ -21,11 +21,12 @@ from typing import Awaitable, Callable, Iterable, Iterator, Protocol, Sequence, 
 
 import attrs
 
-from .._edn import EdnError, Keyword, dumps, kw
-from .._errors import AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ValidationError
+from .._edn import EdnError, Keyword, dumps, kw, pretty, read_coll_at, read_one
+from .._errors import (AdmissionRejected, ConfigError, InternalError, KotobaError, RequestTimeout, ServerError,
+                       ValidationError)
 from .._codec import write_edn, write_fields
-from .._model import AnyResponse, StreamDelta, to_edn
-from .._requests import request_to_edn
+from .._model import AnyResponse, StreamDelta
+from .._requests import key_where, request_to_edn
 from ._deadlines import Deadline, DeadlineQueue
 from ._entries import BatchEntry
 from ._flow import EdnMap, FixedLimit, Limiter
@@ -141,6 +142,12 @@ class Recorder:
         rec = self._head(e)
         rec.update(err.to_edn())
         rec[kw("vllm/where")] = e.where  # the request's file:line:column: an engine's refusal names it too
+        field = err.field if isinstance(err, ServerError) else None
+        if field is not None and e.anchor is not None:  # the refused field's own key, where the request has it
+            again = read_coll_at(*e.anchor)[0]  # a map: the request; a vector holding it has no one place
+            at = key_where(again, field) if isinstance(again.value, dict) else None
+            if at is not None:
+                rec[kw("vllm/field-where")] = at
         if e.request is not None:
             rec[kw("vllm/request")] = request_to_edn(e.request)
         if attempts is not None:
@@ -149,25 +156,19 @@ class Recorder:
 
     def ok(self, e: BatchEntry, resp: AnyResponse, deltas: Sequence[StreamDelta],
            attempts: Attempts | None = None) -> list[str]:
+        """A record written by the one per-class writer (`write_fields`) without building its maps; `--pretty`
+        lays its line breaks over that text read back, so both print the same record."""
         if self.fmt == "jsonl":
             return [output_line(e, result=resp, attempts=attempts)]
-        if not self.pretty:  # the same text as below, written without building the record's maps
-            head = [":vllm/request-index " + dumps(e.index)]
-            rid = e.request_id
-            if rid is not None:
-                head.append(":vllm/request-id " + dumps(rid))
-            body = write_fields(resp, _HEAD_KEYS if rid is not None else _INDEX_KEY)
-            if attempts is not None:
-                body.append(":vllm/attempts " + dumps(attempts))
-            return [write_edn(d) for d in deltas] + ["{" + " ".join(head + body) + "}"]
-        rec = self._head(e)
-        rec.update(to_edn(resp))
-        rec[K_INDEX] = e.index
-        if e.request_id is not None:
-            rec[K_RID] = e.request_id
+        head = [":vllm/request-index " + dumps(e.index)]
+        rid = e.request_id
+        if rid is not None:
+            head.append(":vllm/request-id " + dumps(rid))
+        body = write_fields(resp, _HEAD_KEYS if rid is not None else _INDEX_KEY)
         if attempts is not None:
-            rec[K_ATTEMPTS] = attempts
-        return [render_edn(to_edn(d), False) for d in deltas] + [render_edn(rec, self.pretty)]
+            body.append(":vllm/attempts " + dumps(attempts))
+        text = "{" + " ".join(head + body) + "}"
+        return [write_edn(d) for d in deltas] + [pretty(read_one(text)) if self.pretty else text]
 
 
 class Flight:

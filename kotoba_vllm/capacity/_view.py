@@ -53,6 +53,9 @@ class CapacityView:
         self._eligible: tuple[str, ...] | None = None
         self._measured_free = False
         self._made: dict[tuple[str, int], Admission] = {}  # admissions already made, by member and count
+        # likewise for a request restricted to some members (a batch's flow control): their candidates, by the
+        # members allowed, in the order given
+        self._among: dict[tuple[str, ...], tuple[tuple[str, ...], bool]] = {}
 
     def fresh(self, now: float) -> bool:
         return self.snapshot is not None and now - self.started <= self.interval_s
@@ -79,7 +82,7 @@ class CapacityView:
     def _read_round(self, cap: PoolCapacity) -> None:
         by = answers_by_endpoint(cap.members)
         self._read, self._by, self._order = cap, by, demote_busy_endpoints(self.members, by)
-        self._made = {}
+        self._made, self._among = {}, {}
         if any((a := by.get(m.rstrip("/"))) is not None and a.busy for m in self._order):
             self._eligible = None  # freed slots matter: every decision takes the general rule
             return
@@ -90,18 +93,36 @@ class CapacityView:
         control: the members under their limits)."""
         if self._read is not cap:
             self._read_round(cap)
-        eligible = self._eligible
-        if affinity is not None or not eligible or among is not None:
+        eligible, measured_free = self._eligible, self._measured_free
+        if eligible is not None and among is not None:
+            eligible, measured_free = self._candidates_among(among)
+        if affinity is not None or not eligible:
             freed = {m.rstrip("/") for m, t in self._last_done.items() if t > self.started}
             order = self._order if among is None else [m for m in self._order if m in among]
             return admit_in_order(order, self._by, affinity, inflight=self.inflight, freed=freed, sent=self.sent)
         # no member measured busy: the choice `admit_in_order` makes, from the candidates read once a round
         pick = least_loaded(eligible, self.inflight, self.sent)
-        load = self.inflight.get(pick, 0) if self._measured_free else 0
+        load = self.inflight.get(pick, 0) if measured_free else 0
         adm = self._made.get((pick, load))
         if adm is None:
-            adm = self._made[(pick, load)] = independent_admission(pick, load, self._measured_free)
+            adm = self._made[(pick, load)] = independent_admission(pick, load, measured_free)
         return adm
+
+    def admits(self, cap: PoolCapacity, among: Collection[str]) -> bool:
+        """Would `decide` choose a member of `among` for a request without a conversation on round `cap`."""
+        if self._read is not cap:
+            self._read_round(cap)
+        if self._eligible is not None and self._candidates_among(among)[0]:
+            return True
+        return self.decide(cap, None, among).member is not None
+
+    def _candidates_among(self, among: Collection[str]) -> tuple[tuple[str, ...], bool]:
+        """`candidates` of the members in `among` (read once a round; only while no member was measured busy)."""
+        key = tuple(among)
+        found = self._among.get(key)
+        if found is None:
+            found = self._among[key] = candidates([m for m in self._order if m in among], self._by)
+        return found
 
     def take(self, cap: PoolCapacity, affinity: str | None, among: Collection[str] | None = None) -> Admission:
         """`decide`, and when a member is chosen, `begin` on it (one call per request)."""

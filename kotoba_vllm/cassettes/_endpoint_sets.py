@@ -209,6 +209,29 @@ def sglang_control_exchanges() -> list[Exchange]:
     return [Exchange("flush-cache", "send", reset), Exchange("flush-cache-busy", "send", reset, load=1)]
 
 
+def sglang_lora_exchanges(model: str, lora_path: str) -> list[Exchange]:
+    """SGLang's adapter calls (scripts/record-sglang --only lora: --enable-lora --max-lora-rank 8 and q/v
+    projections). `lora_path` is a rank-8 PEFT adapter; `lora_path + "-rank16"` one too wide for the server."""
+    adapter: dict[Keyword, Edn] = {kw("vllm/endpoint"): kw("lora-load"), kw("vllm/lora-name"): "sql",
+                                   kw("vllm/lora-path"): lora_path}
+    gen: dict[Keyword, Edn] = {**edn_request("generate", prompt="The capital of France is", model=model,
+                         sampling=_m(temperature=0.0, max_tokens=4)), kw("sglang/lora-path"): "sql"}
+    return [
+        Exchange("lora-list-empty", "send", edn_request("lora-list")),
+        Exchange("lora-load", "send", adapter),
+        Exchange("lora-list", "send", edn_request("lora-list")),
+        Exchange("lora-load-duplicate", "send", adapter),  # SGLang's own validate_new_adapter
+        Exchange("lora-load-missing", "send", {**adapter, kw("vllm/lora-name"): "gone",
+                                               kw("vllm/lora-path"): "/nonexistent/adapter"}),
+        Exchange("lora-load-rank-too-high", "send", {**adapter, kw("vllm/lora-name"): "wide",
+                                                     kw("vllm/lora-path"): lora_path + "-rank16"}),
+        Exchange("generate-with-lora", "send", gen),
+        Exchange("generate-with-unknown-lora", "send", {**gen, kw("sglang/lora-path"): "nope"}),
+        Exchange("lora-unload", "send", edn_request("lora-unload", lora_name="sql")),
+        Exchange("lora-unload-unknown", "send", edn_request("lora-unload", lora_name="sql")),
+    ]
+
+
 def control_exchanges() -> list[Exchange]:
     s = {**_m(temperature=0.0, seed=42, max_tokens=4)}
     return [

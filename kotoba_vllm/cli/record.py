@@ -10,7 +10,7 @@ import httpx
 
 from ..cassettes._field_sets import field_exchanges
 from ..cassettes._endpoint_sets import (control_exchanges, rerank_exchanges, sglang_control_exchanges,
-                                        sglang_rerank_exchanges, vllm_endpoint_exchanges)
+                                        sglang_lora_exchanges, sglang_rerank_exchanges, vllm_endpoint_exchanges)
 from ..cassettes._recorder import (Exchange, config_exchanges, engine_exchanges, llamacpp_exchanges, record,
                                    sglang_exchanges)
 from ..cassettes._vllm_sets import vllm_exchanges
@@ -29,15 +29,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="directory for the cassettes, e.g. tests/cassettes/llamacpp")
     p.add_argument("--set", default="default",
                    choices=["default", "incremental", "router", "parsers", "busy", "backlog", "engine-death", "config",
-                            "rerank", "control", "pooling", "fields"],
+                            "rerank", "control", "pooling", "lora", "fields"],
                    help="the exchange set (`config`: what `inspect` asks, any engine; "
                         "sglang: `incremental` for a server with --incremental-streaming-output, "
                         "`router` for sglang-router in front of one; vllm: one per server configuration, see "
                         "scripts/record-vllm; pooling-model and control endpoints: `rerank` and `control` for "
                         "llama.cpp, `pooling` for vLLM, as scripts/record-llamacpp-endpoints and "
-                        "scripts/record-vllm-endpoints start them, `rerank` and `control` also for sglang; `fields`: the request fields of issue 31, "
+                        "scripts/record-vllm-endpoints start them, `rerank` and `control` also for sglang, and `lora` (with --lora-path) for sglang; `fields`: the request fields of issue 31, "
                         "vllm and sglang, with --engine-received)")
-    p.add_argument("--lora-path", default=None, help="--set pooling: a LoRA adapter directory the vLLM server can load")
+    p.add_argument("--lora-path", default=None, help="--set pooling / lora: a LoRA adapter directory the server can load")
     p.add_argument("--engine-received", default=None,
                    help="the JSON-lines file a faked engine writes what it was handed to (KOTOBA_FAKE_RECEIVED); "
                         "each cassette keeps its exchange's lines as :cassette/engine-received")
@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what was not the real engine, for :cassette/simulated (e.g. the engine core)")
 
 
-ENDPOINT_SETS = {"rerank": ("llamacpp", "sglang"), "control": ("llamacpp", "sglang"), "pooling": ("vllm",)}
+ENDPOINT_SETS = {"rerank": ("llamacpp", "sglang"), "control": ("llamacpp", "sglang"), "pooling": ("vllm",), "lora": ("sglang",)}
 
 
 def endpoint_set(args: argparse.Namespace) -> list[Exchange] | str:
@@ -63,7 +63,9 @@ def endpoint_set(args: argparse.Namespace) -> list[Exchange] | str:
     if args.set == "control":
         return sglang_control_exchanges() if args.engine == "sglang" else control_exchanges()
     if not args.model or not args.lora_path:
-        return "--set pooling needs --model and --lora-path"
+        return f"--set {args.set} needs --model and --lora-path"
+    if args.set == "lora":
+        return sglang_lora_exchanges(args.model, args.lora_path)
     return vllm_endpoint_exchanges(args.model, args.lora_path)
 
 

@@ -23,7 +23,8 @@ from tqdm import tqdm
 from .._base_client import API_KEY_ENV, BASE_URL_ENV, DEFAULT_TIMEOUT
 from .._client import AsyncClient
 from .._edn import EdnError, dumps, pretty
-from .._model import TEXT_REQUESTS, AnyResponse, StreamDelta, to_edn
+from .._codec import write_edn
+from .._model import TEXT_REQUESTS, AnyResponse, StreamDelta
 from ..batch import (BatchEntry, BatchRunner, BatchSummary, ExistingOutput, FlowControl, OrderedSink, Recorder,
                      detect_format, batch_collector, iter_entries, journal_path, load_existing, new_prefix,
                      with_request_ids)
@@ -372,7 +373,7 @@ async def _run(args: argparse.Namespace) -> BatchSummary:
                 # nothing else is written until its record is, so nothing can interleave.
                 if out is sys.stdout and sink.next == e.index:
                     for x in deltas:
-                        out.write(dumps(to_edn(x)) + "\n")
+                        out.write(write_edn(x) + "\n")
                     out.flush()
                     deltas.clear()
             assert s.response is not None  # read to its end

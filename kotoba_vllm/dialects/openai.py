@@ -74,7 +74,7 @@ class Dialect:
             out.extend(option_problems(self.name, req, self.endpoint_options))
         sampling: Sampling | None = getattr(req, "sampling", None)
         supported = self.sampling_support.get(ep, frozenset())
-        honoured = _SUPPORTED.get(sampling) if sampling is not None else None
+        honoured = _SUPPORTED.get(id(sampling)) if sampling is not None else None
         if sampling is not None and (honoured is None or (self, ep) not in honoured):
             before = len(out)
             for attr, knob in KNOBS_BY_ATTR.items():
@@ -214,7 +214,7 @@ class Dialect:
     def sampling_body(self, s: Sampling, ep: str) -> dict[str, object]:
         """`render_sampling` on its own, rendered once per Sampling of plain values (a batch, or keyword
         arguments, repeat the same few; the result holds only immutable values, so it is shared safely)."""
-        bodies = _SAMPLING_BODIES.get(s)
+        bodies = _SAMPLING_BODIES.get(id(s))
         hit = bodies.get((self, ep)) if bodies is not None else None
         if hit is not None:
             return hit

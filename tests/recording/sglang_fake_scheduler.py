@@ -15,7 +15,12 @@ are SGLang's `FINISH_LENGTH` / `FINISH_MATCHED_TOKEN`; scheduler gauges go throu
 SGLang checks both scheduler-side); `logit_bias` is not applied (no sampler). Priorities go through
 SGLang's own `Scheduler._set_or_validate_priority`; `/flush_cache` through SGLang's own
 `SchedulerFlushWrapper`, flushing (no pools here) only when no request runs or waits, as
-`Scheduler.flush_cache` does. With KOTOBA_FAKE_RECEIVED=path, one JSON line per
+`Scheduler.flush_cache` does. With `--enable-lora`, `/load_lora_adapter` and `/unload_lora_adapter`
+reach SGLang's own `LoRAManager` (built without its `__init__`: no base model, no LoRA kernels), whose
+`_load_lora_adapter` reads the adapter's `adapter_config.json` and safetensors weights from disk and runs its
+own `validate_new_adapter` (a name already loaded, DoRA, added tokens, and the fit to `--max-lora-rank` /
+`--lora-target-modules` through SGLang's own `LoRAMemoryPool.can_support` on a pool shell with no GPU
+buffers), and whose `_unload_lora_adapter` answers with its own `LoRAUpdateOutput`. With KOTOBA_FAKE_RECEIVED=path, one JSON line per
 request: what SGLang's TokenizerManager handed the scheduler (rid, prompt length, priority, cache
 salt, sampling params), which the recorder keeps in the exchange's cassette.
 """
@@ -67,6 +72,7 @@ def note_received(msg: Any) -> None:
     """Write down what the TokenizerManager handed this process for one request (KOTOBA_FAKE_RECEIVED)."""
     engine_received.note(dict(rid=msg.rid, prompt_tokens=len(msg.input_ids or ()), priority=msg.priority,
                               cache_salt=getattr(msg, "cache_salt", None), extra_key=getattr(msg, "extra_key", None),
+                              lora_id=getattr(msg, "lora_id", None),
                               stream=bool(msg.stream)), msg.sampling_params, SAMPLING_SEEN)
 
 
@@ -117,6 +123,42 @@ class FakeScheduler:
         # Scheduler.flush_cache's own rule: flush (here: nothing to free) only when fully idle.
         self.flush = SchedulerFlushWrapper(flush_cache=self._idle, is_fully_idle=self._idle,
                                            send_output=self.channels.send_to_tokenizer.send_output)
+        self.lora = self._lora_manager() if server_args.enable_lora else None
+
+    def _lora_manager(self) -> Any:
+        """SGLang's own LoRAManager holding just the state its adapter load / unload path reads, and its
+        own LoRAMemoryPool holding just the shape (rank, target modules) its `can_support` reads: no slot."""
+        import torch
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.lora.lora_manager import LoRAManager
+        from sglang.srt.lora.mem_pool import LoRAMemoryPool
+        from transformers import AutoConfig
+
+        args = self.server_args
+        lora = LoRAManager.__new__(LoRAManager)
+        lora.base_hf_config = AutoConfig.from_pretrained(args.model_path)
+        lora.load_config = LoadConfig()
+        lora.lora_backend, lora.base_model, lora.device = None, None, torch.device("cpu")
+        lora.attn_dp_enabled, lora.speculative_algorithm = False, None
+        lora.max_loras_per_batch = int(args.max_loras_per_batch)
+        lora.pending_lora_load_events, lora.lora_added_tokens_size = {}, None
+        LoRAManager.init_lora_adapters(lora, None)
+        LoRAManager.init_lora_shapes(lora, max_lora_rank=args.max_lora_rank,
+                                     target_modules=set(args.lora_target_modules or ()))
+        pool = LoRAMemoryPool.__new__(LoRAMemoryPool)
+        pool.max_lora_rank, pool.target_modules = lora.max_lora_rank, lora.target_modules
+        pool.lora_added_tokens_size, pool.uid_to_buffer_id = lora.lora_added_tokens_size, {}
+        lora.memory_pool = pool
+        return lora
+
+    def _lora_update(self, msg: Any) -> None:
+        from sglang.srt.lora.lora_manager import LoRAManager
+        from sglang.srt.managers import io_struct as io
+        if self.lora is None:  # SGLang's tokenizer manager refuses before sending when LoRA is off
+            return
+        step = LoRAManager._load_lora_adapter if isinstance(msg, io.LoadLoRAAdapterReqInput) \
+            else LoRAManager._unload_lora_adapter
+        self.channels.send_to_tokenizer.send_output(step(self.lora, msg.to_ref()), msg)
 
     def _idle(self) -> bool:
         return not self.running and not self.waiting
@@ -190,6 +232,8 @@ class FakeScheduler:
             out = self.flush.handle(msg)
             if out is not None:
                 self.channels.send_to_tokenizer.send_output(out, msg)
+        elif isinstance(msg, (io.LoadLoRAAdapterReqInput, io.UnloadLoRAAdapterReqInput)):
+            self._lora_update(msg)
         # other control messages (weights, profiling, sessions) have no model to act on here
 
     def _score(self, msg: Any) -> None:
@@ -327,3 +371,4 @@ class FakeScheduler:
         stats.num_used_tokens = used
         stats.token_usage = round(used / float(self.context_len * self.max_running), 4)
         self.metrics.log_stats(stats)
+
