@@ -49,7 +49,12 @@ def run_child(spec: dict[str, Any], wall_s: float = WALL_S, *, body_limit: int |
     except subprocess.TimeoutExpired:
         pytest.fail(f"{spec['path']} hung: no end within the {wall_s} s wall cap")
     assert p.returncode == 0, f"{spec['path']} crashed (exit {p.returncode}):\n{p.stderr[-3000:]}"
-    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    last = p.stdout.rstrip("\n").rpartition("\n")[2]  # the child's one JSON line (split on newlines only)
+    try:
+        out: dict[str, Any] = json.loads(last)
+    except ValueError:
+        pytest.fail(f"{spec['path']}: the child's last line is no JSON ({len(p.stdout)} characters of stdout): "
+                    f"{last[:300]!r} ... {last[-300:]!r}; stderr: {p.stderr[-1500:]}")
     grown = (out["rss_peak_kb"] - out["rss_before_kb"]) * 1024
     limit_bytes = body_limit or spec.get("client", {}).get("max_response_bytes", SMALL)
     assert grown <= 3 * limit_bytes + 24 * MiB, f"{spec['path']} grew {grown / MiB:.0f} MiB (limit {limit_bytes})"
