@@ -158,13 +158,15 @@ def _add_paired(results: list[dict[str, Any]], conc: int, runs: dict[str, list[d
 
 
 def _add_paired_to_httpx(results: list[dict[str, Any]], conc: int, runs: dict[str, list[dict[str, Any]]]) -> None:
-    """Each kotoba contender's CPU over raw httpx's in the same round, median over the rounds (1 in flight's
-    "no worse than the predecessor" reads the ratio to raw httpx)."""
+    """Each kotoba contender's CPU over raw httpx's and over raw aiohttp's in the same round, median over the
+    rounds (1 in flight's "no worse than the predecessor" reads the ratio to raw httpx; issue 34's targets at
+    16/64/256 read the ratio to raw aiohttp both paired and as medians)."""
     for r in results:
         if r["concurrency"] == conc and r["contender"] in ("kotoba", "kotoba-run"):
-            p = paired(runs.get(r["contender"], []), runs.get("httpx", []))
-            if p is not None:
-                r["paired_cpu_ratio_to_httpx"] = p["cpu"]
+            for peer in ("httpx", "aiohttp"):
+                p = paired(runs.get(r["contender"], []), runs.get(peer, []))
+                if p is not None:
+                    r[f"paired_cpu_ratio_to_{peer}"] = p["cpu"]
 
 
 def summarise(name: str, conc: int, n: int, rs: list[dict[str, Any]]) -> dict[str, Any]:

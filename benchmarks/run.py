@@ -163,9 +163,15 @@ def throughput_rows(s: Sizes, step: Callable[[str], None]) -> tuple[list[dict[st
                 return (1e3 / x if x else None) if invert else x
             return {"kotoba": v(me), **{p: v(p) for p in PEER_NAMES}}
         rounds = f"median of {s.conc_rounds[conc]} round(s) of {s.conc_n[conc]} requests, a process each"
-        for me, label, limit in (("kotoba", "AsyncClient", 1.5), ("kotoba-run", "run", 2.0)):
+        for me, label, limit, tight in (("kotoba", "AsyncClient", 1.5, 1.1), ("kotoba-run", "run", 2.0, 1.7)):
             rows.append(row(f"d. {label} CPU per request, conc {conc}", "canned+20ms", "ms", vals("cpu_ms_per_req", me),
                             (("aiohttp", limit), ("flexllm", 1.0), ("openai", 1.0)), rounds))
+            p = at.get(me, {}).get("paired_cpu_ratio_to_aiohttp")
+            if p is not None and conc > 1:  # issue 34's targets, read round by round as well as by medians
+                rows.append(row(f"d. {label} CPU / raw aiohttp's paired by round, conc {conc}", "canned+20ms",
+                                "x aiohttp", {"kotoba": p, "aiohttp": 1.0}, (("aiohttp", tight),),
+                                "the median of each round's ratio (both ran in the same round); the medians' ratio "
+                                "is in the row above"))
             rows.append(row(f"d. {label} time per request, conc {conc}", "canned+20ms", "ms/req",
                             vals("req_per_s", me, invert=True), (("flexllm", 1.0), ("openai", 1.0)),
                             "1/throughput; " + " ".join(f"{k}={at[k]['req_per_s']:.0f}/s" for k in at

@@ -45,7 +45,9 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     for scenario in ("a. latency", "b. client CPU per request", "c. client CPU per streamed chunk",
                      "d. AsyncClient CPU per request, conc 4", "d. run CPU per request, conc 4",
-                     "d. connections at the server, conc 4", "d. run --pool (2 members), conc 4",
+                     "d. connections at the server, conc 4",
+                     "d. AsyncClient CPU / raw aiohttp's paired by round, conc 4",
+                     "d. run CPU / raw aiohttp's paired by round, conc 4", "d. run --pool (2 members), conc 4",
                      "d. run --pool time per request, conc 4",
                      "d. heap per open stream", "e. read EDN file",
                      "e. render one response", "f. batch run",
