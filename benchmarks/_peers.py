@@ -319,6 +319,8 @@ def main() -> None:
         res = run_cli(urls, conc, n, "openai", ("--flow-control", "off"))
     elif name == "kotoba-run-slots":  # flow control reads llama.cpp's /slots of a member that answers 429
         res = run_cli(urls, conc, n, "llamacpp")
+    elif name == "kotoba-run-slots-headroom-0":  # the same, leaving no slot free for other clients
+        res = run_cli(urls, conc, n, "llamacpp", ("--headroom", "0"))
     elif name == "kotoba-run-slots-fixed":  # a fixed -c (the slots, passed as conc) against the same member
         res = run_cli(urls, conc, n, "llamacpp", ("--flow-control", "off"))
     elif name.startswith("kotoba-run-slots-flow-off"):
