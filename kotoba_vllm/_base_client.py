@@ -271,6 +271,30 @@ def _extra_body(extras: Mapping[str, Edn]) -> Mapping[object, object] | None:
     return v if isinstance(v, Mapping) else None
 
 
+_Err = TypeVar("_Err", bound=KotobaError)
+
+
+def identify(err: _Err, request: Request | None, dialect: str | None = None,
+             server_request_id: str | None = None) -> _Err:
+    """`err` stamped with who it concerns: the one rule for every path that raises about a request (an error
+    answer, an error inside a 200 stream, a transport failure or timeout, a pool's refusal), run only when an
+    error is built. It gets our request id, the id the server answered with (`x-request-id`), the engine
+    dialect that sent the request, and the EDN key of the field the engine named as refused (vLLM's `param`).
+    What is stamped already is kept: an inner layer (the one that read the answer's headers) knows more."""
+    if err.request_id is None and request is not None:
+        err.request_id = request.request_id
+    if err.server_request_id is None:
+        err.server_request_id = server_request_id
+    if err.backend is None and dialect is not None:
+        err.backend = dialect
+        if isinstance(err, ServerError) and err.field is None:
+            param = err.details.get(K_PARAM)
+            if type(param) is str:  # which request key the refused field came from
+                extra = _extra_body(request.extras) if request is not None else None
+                err.field = key_of_param(dialect, param, extra)
+    return err
+
+
 def answer_error(status: int, raw: bytes, headers: Mapping[str, str], url: str) -> ServerError:
     """The typed error for an answer that is not a success: a 3xx names its status and `Location`
     (redirects are never followed, nor taken as the answer); 4xx/5xx by `classify_error`."""
@@ -616,13 +640,8 @@ class BaseClient:
     def _http_error(self, status: int, raw: bytes, headers: Mapping[str, str], plan: Plan) -> KotobaError:
         """The typed error for an HTTP error answer, carrying our request id and the one the server used."""
         err = answer_error(status, raw, headers, plan.url)
-        err.request_id = plan.request.request_id
-        err.server_request_id = headers.get("x-request-id")
-        err.backend = plan.dialect.name
-        param = err.details.get(K_PARAM)
-        if type(param) is str:  # the refused field, named by the engine: which of the request's keys it came from
-            err.field = key_of_param(plan.dialect.name, param, _extra_body(plan.request.extras))
-        return self._explain_withheld(err, plan)
+        return self._explain_withheld(identify(err, plan.request, plan.dialect.name, headers.get("x-request-id")),
+                                      plan)
 
     def _explain_withheld(self, err: KotobaError, plan: Plan) -> KotobaError:
         """A 401/403 from a server we withheld the key from says so, and how to trust it."""
@@ -704,19 +723,20 @@ class BaseClient:
             obj, refused = decode_json_refusing_wide_ints(raw)
         if obj is None:
             if plan.request.endpoint not in plan.dialect.text_answers:
-                raise ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw, endpoint=plan.url)
+                raise identify(ProtocolError(f"malformed JSON from {plan.url} (HTTP {status})", offending=raw,
+                                             endpoint=plan.url), plan.request, plan.dialect.name, server_id)
             obj = raw.decode("utf-8", "replace")  # a control call's answer in words (vLLM, SGLang), or none
         clock = ClientClock(sent=sent, done=time.perf_counter())
         try:
             resp = plan.dialect.parse(plan.request, obj, plan.url, clock)
             if server_id is not None or plan.sends != 1:  # most answers: nothing to add, no call
                 resp = with_server_id(resp, server_id, plan.sends)
-        except KotobaError as e:
+        except KotobaError as e:  # about this answer (an abort in it ...): whose request, the id its server used
             e.endpoint = e.endpoint or plan.url  # a parser may not know which server answered
-            raise
+            raise identify(e, plan.request, plan.dialect.name, server_id)
         except SHAPE_ERRORS as e:  # well-formed JSON of the wrong shape is a protocol error, not a crash
-            raise ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
-                                endpoint=plan.url) from None
+            raise identify(ProtocolError(f"unexpected answer shape from {plan.url}: {e}", offending=raw,
+                                         endpoint=plan.url), plan.request, plan.dialect.name, server_id) from None
         if refused and isinstance(getattr(resp, "extras", None), dict):
             resp.extras["kotoba/refused"] = refused  # type: ignore[union-attr]  # which fields were dropped, and why
         return resp

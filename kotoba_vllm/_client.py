@@ -17,8 +17,8 @@ import httpx
 
 from ._base_client import (DETECT_DEADLINE_S, DETECT_TIMEOUT, DETECTION_PROBES, SERVER_EXIT_WAIT_S, AsyncAttempt,
                            Attempt, BaseClient, DeadlineArg, MessagesInput, Plan, RequestInput, SseDecoder, StreamRun,
-                           TimeoutArg, answer_error, broken_stream, decide_backend, may_resend, not_event_stream,
-                           streaming)
+                           TimeoutArg, answer_error, broken_stream, decide_backend, identify, may_resend,
+                           not_event_stream, streaming)
 from ._deadlines import Deadlines, Watch, expired
 from ._edn import Edn, EdnMap
 from ._endpoint_calls import R, AsyncEndpointCalls, EndpointCalls, checked, embedding_request
@@ -106,6 +106,9 @@ class Stream:
             except TransportError as e:
                 raise (_death(self._client, e) or broken_stream(e, plan.url, run.partial_text)) from e
             self.response = run.on_end()
+        except KotobaError as e:  # an error event, a broken or late stream: whose request, which server's id
+            identify(e, plan.request, plan.dialect.name, run.server_request_id)
+            raise
         finally:
             self._http.close()
 
@@ -201,6 +204,9 @@ class AsyncStream:
             except TransportError as e:
                 raise (await _adeath(self._client, e) or broken_stream(e, plan.url, run.partial_text)) from e
             self.response = run.on_end()
+        except KotobaError as e:  # as in `Stream`
+            identify(e, plan.request, plan.dialect.name, run.server_request_id)
+            raise
         finally:
             await self._http.aclose()
 
@@ -321,11 +327,11 @@ class Client(BaseClient, EndpointCalls):
                     plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     left = None if until is None else until - time.monotonic()
                     continue
-                died = _death(self, e)
+                died = _death(self, e)  # no answer: still whose request it was, which engine dialect sent it
                 if died is not None:
-                    raise died from e
-                raise
-        raise lost(plan.url, "every pooled connection was stale")
+                    raise identify(died, plan.request, plan.dialect.name) from e
+                raise identify(e, plan.request, plan.dialect.name)
+        raise identify(lost(plan.url, "every pooled connection was stale"), plan.request, plan.dialect.name)
 
     def detect_backend(self, base_url: str | None = None) -> str:
         """Ask the server's own endpoints which engine it is (cached per base URL)."""
@@ -454,8 +460,9 @@ class Client(BaseClient, EndpointCalls):
         dialect = get_dialect(backend)
         url = self.base_url + dialect.models_path
         r = self._wire.send("GET", url, timeout=self.timeout, deadline_s=self.deadline_s)
-        if r.status_code >= 300:
-            raise answer_error(r.status_code, r.content, r.headers, url)
+        if r.status_code >= 300:  # no request of the caller's: the engine that answered is still said
+            raise identify(answer_error(r.status_code, r.content, r.headers, url), None, backend,
+                           r.headers.get("x-request-id"))
         return dialect.parse_models(decode_json(r.content), url)
 
     def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:
@@ -549,11 +556,11 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                     self.resends += 1
                     plan.sends += 1  # the same request, its id too, onto a fresh connection: the answer says so
                     continue
-                died = await _adeath(self, e)
+                died = await _adeath(self, e)  # as in `Client._send`
                 if died is not None:
-                    raise died from e
-                raise
-        raise lost(plan.url, "every pooled connection was stale")
+                    raise identify(died, plan.request, plan.dialect.name) from e
+                raise identify(e, plan.request, plan.dialect.name)
+        raise identify(lost(plan.url, "every pooled connection was stale"), plan.request, plan.dialect.name)
 
     async def detect_backend(self, base_url: str | None = None) -> str:
         base = (base_url or self.base_url).rstrip("/")
@@ -617,8 +624,8 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
             try:
                 r = await self._send(plan, t, stream=False)
             except asyncio.CancelledError:
-                if expired(watch):
-                    raise watch.timed_out(plan.url) from None
+                if expired(watch):  # no answer by the deadline: still whose request, which engine
+                    raise identify(watch.timed_out(plan.url), plan.request, plan.dialect.name) from None
                 raise
             finally:
                 deadlines.disarm(watch)
@@ -642,7 +649,7 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
                 raise self._http_error(r.status_code, raw, r.headers, plan)
         except asyncio.CancelledError:
             if watch is not None and expired(watch):
-                raise watch.timed_out(plan.url) from None
+                raise identify(watch.timed_out(plan.url), plan.request, plan.dialect.name) from None
             raise
         except BaseException:
             if watch is not None:
@@ -697,8 +704,9 @@ class AsyncClient(BaseClient, AsyncEndpointCalls):
         dialect = get_dialect(backend)
         url = self.base_url + dialect.models_path
         r = await self._bounded(self._wire.send("GET", url, timeout=self.timeout), self.deadline_s, url)
-        if r.status_code >= 300:
-            raise answer_error(r.status_code, r.content, r.headers, url)
+        if r.status_code >= 300:  # as in `Client.models`
+            raise identify(answer_error(r.status_code, r.content, r.headers, url), None, backend,
+                           r.headers.get("x-request-id"))
         return dialect.parse_models(decode_json(r.content), url)
 
     async def server_config(self, *, timeout: TimeoutArg = None) -> ServerConfig:

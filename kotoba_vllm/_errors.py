@@ -100,9 +100,11 @@ class KotobaError(Exception):
     """Base of every kotoba-vllm error."""
 
     kind = "error"
-    # a request's own id and the one the server answered with (`x-request-id`), when known
+    # Who an error about a request concerns, stamped by `_base_client.identify` on every path that knows:
+    # the request's own id, the one the server answered with (`x-request-id`), the engine dialect that sent it
     request_id: str | int | None = None
     server_request_id: str | None = None
+    backend: str | None = None
 
     def __init__(self, message: str, *, endpoint: str | None = None) -> None:
         message = redact(message) or ""
@@ -117,6 +119,8 @@ class KotobaError(Exception):
         out: dict[Keyword, Edn] = {kw("vllm/error"): kw(self.kind), kw("vllm/message"): self.message}
         if self.endpoint is not None:
             out[kw("vllm/endpoint-url")] = self.endpoint
+        if self.backend is not None:  # a keyword, as on a response
+            out[kw("vllm/backend")] = kw(self.backend)
         for k, v in self._fields().items():
             if v is not None:
                 out[kw(k)] = _redact_edn(v)
@@ -222,14 +226,13 @@ class ServerError(KotobaError):
         self.details: dict[Keyword | str, Edn] = dict(details or {})
         self.partial_text = partial_text
         self.key_withheld: str | None = None  # why the API key was not sent to this server, when it was not
-        self.backend: str | None = None  # the engine dialect that sent the request, when a client did
         self.field: str | None = None  # the EDN key of the field the server named as refused (vLLM's `param`)
 
     def _fields(self) -> dict[str, Edn]:
         return {"vllm/status": self.status, "vllm/error-type": self.error_type,
                 "vllm/details": self.details or None, "vllm/raw-body": self.raw_body,
                 "vllm/partial-text": self.partial_text, "vllm/key-withheld": self.key_withheld,
-                "vllm/backend": self.backend, "vllm/field": kw(self.field) if self.field else None}
+                "vllm/field": kw(self.field) if self.field else None}
 
 
 class AdmissionRejected(ServerError):

@@ -66,6 +66,9 @@ class _CountingReader(io.RawIOBase):
             if until is not None and time.monotonic() >= until:
                 raise _Expired() from None
             raise
+        if until is not None and time.monotonic() >= until:
+            # the process ran only after the deadline (a starved machine): what came in meanwhile is not delivered
+            raise _Expired()
         if n:
             conn.bytes_in += n
         return n

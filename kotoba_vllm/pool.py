@@ -38,7 +38,7 @@ import attrs
 import httpx
 
 from ._base_client import (DeadlineArg, MessagesInput, RequestInput, TimeoutArg, api_key_or_env, chat_request, client_headers,
-                           server_root, streaming, to_request)
+                           identify, server_root, streaming, to_request)
 from ._client import AsyncClient, AsyncStream, Client, CommonOptions, Stream
 from ._wire import AsyncWire, HttpxSyncWire, HttpxWire, SyncWire, default_sync_wire, default_wire
 from ._wire_core import DEFAULT_MAX_BYTES, PROBE_MAX_BYTES
@@ -208,9 +208,10 @@ class _PoolCore(Generic[C]):
         self.last_capacity = cap
         adm = self.view.take(cap, self.affinity.lookup(req, conversation), among)
         if adm.member is None:
-            raise AdmissionRejected(
+            # nothing was sent, so no dialect sent it: the request's id only
+            raise identify(AdmissionRejected(
                 f"every pool member ({len(self.members)}) was measured busy; nothing was sent",
-                reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn())
+                reason="all-slots-busy", sent=False, status=None, capacity=cap.to_edn()), req)
         client = self.clients[adm.member]
         self._teach(client, adm.member)
         return adm, client
@@ -368,12 +369,12 @@ class Pool(_PoolCore[Client]):
 
     def capacity(self) -> PoolCapacity:
         """merge-pool-capacity: every member asked at once (a new round; the view keeps it)."""
-        started = time.monotonic()
+        started, starts = time.monotonic(), self.view.starts()
         answers = probe_endpoints(self.members, self.backend, http=self._probe_wire, timeout=self.probe_timeout,
                                   executor=self._executor, detected=self._detected,
                                   load_tracked=self.server_load_tracked)
         cap = merge_pool_capacity(answers, at=now_iso())
-        self.view.record(cap, started)
+        self.view.record(cap, started, starts)
         return cap
 
     def _current(self) -> PoolCapacity:
@@ -571,11 +572,11 @@ class AsyncPool(_PoolCore[AsyncClient]):
 
     async def capacity(self) -> PoolCapacity:
         """merge-pool-capacity: every member asked at once (a new round; the view keeps it)."""
-        started = time.monotonic()
+        started, starts = time.monotonic(), self.view.starts()
         answers = await aprobe_endpoints(self.members, self.backend, http=self._probe_wire, timeout=self.probe_timeout,
                                          detected=self._detected, load_tracked=self.server_load_tracked)
         cap = merge_pool_capacity(answers, at=now_iso())
-        self.view.record(cap, started)
+        self.view.record(cap, started, starts)
         return cap
 
     async def _current(self) -> PoolCapacity:

@@ -4,7 +4,7 @@ RLIMIT_AS ceiling and a wall cap): make one call on one path, print what happene
     python tests/_hostile_child.py '{"path": "client", "url": "...", "call": "chat", "client": {...}}'
 
 Printed: {"ok": answer text or null, "kind": error kind or null, "phase", "what", "message",
-"elapsed_s", "rss_before_kb", "rss_peak_kb"}.
+"elapsed_s", "rss_before_kb", "rss_peak_kb", "delta_s" (call "stream": when each delta reached the caller)}.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from kotoba_vllm.cli import main as cli_main
 
 MSGS = [{"role": "user", "content": "hi"}]
 PEAK_KB = [0]  # the peak when the call ended, if reading its output back would raise it
+DELTA_S: list[float] = []  # call "stream": when each delta reached the caller, seconds after the call began
 
 
 def _rss_kb() -> int:
@@ -53,8 +54,12 @@ def _sync(spec: dict[str, Any]) -> str:
         if call == "rerank":
             return str(c.rerank("q", ["a", "b"]))
         if call == "stream":
+            t0 = time.monotonic()
             with c.stream_chat(MSGS) as s:
-                return s.until_done().text
+                for _ in s:
+                    DELTA_S.append(time.monotonic() - t0)
+                assert s.response is not None
+                return s.response.text
         return c.chat(MSGS).text
 
 
@@ -75,8 +80,12 @@ async def _async(spec: dict[str, Any]) -> str:
         if call == "rerank":
             return str(await c.rerank("q", ["a", "b"]))
         if call == "stream":
+            t0 = time.monotonic()
             s = await c.stream_chat(MSGS)
-            return (await s.until_done()).text
+            async for _ in s:
+                DELTA_S.append(time.monotonic() - t0)
+            assert s.response is not None
+            return s.response.text
         return (await c.chat(MSGS)).text
 
 
@@ -125,7 +134,8 @@ def main() -> None:
             out["ok"] = _cli(spec)
     except KotobaError as e:
         out.update(kind=e.kind, phase=getattr(e, "phase", None), what=getattr(e, "what", None), message=e.message)
-    out.update(elapsed_s=round(time.monotonic() - t0, 3), rss_before_kb=before, rss_peak_kb=PEAK_KB[0] or _rss_kb())
+    out.update(elapsed_s=round(time.monotonic() - t0, 3), rss_before_kb=before, rss_peak_kb=PEAK_KB[0] or _rss_kb(),
+               delta_s=[round(t, 3) for t in DELTA_S])
     sys.stdout.write(json.dumps(out) + "\n")
 
 

@@ -69,9 +69,10 @@ CONFIGS: dict[str, tuple[str, ...]] = {
                 "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'),
     # One runs, one waits, the next gets vLLM's 503. vLLM counts running AND waiting against
     # --max-num-queued-reqs, so with 1 a single running request already fills it while the gauges
-    # show nothing waiting. --max-model-len 8192: room for ~8,000-token holds (Holder), a real
-    # request occupying the slot for a minute or more.
-    "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "2", "--max-model-len", "8192"),
+    # show nothing waiting. --max-model-len 32768: room for 32,000-token holds (Holder), a real request
+    # occupying the slot for about 4 minutes, so a test process left unscheduled for half a minute (seen
+    # here) still finds the engine as its fixture left it.
+    "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "2", "--max-model-len", "32768"),
     # The tiny llama as a one-label sequence classifier: vLLM's own /rerank, /score, /classify, /pooling;
     # runtime LoRA loading and /reset_prefix_cache (CONFIG_ENV). Flags: kotoba_vllm/cassettes/_endpoint_sets.py.
     # --enable-request-id-headers: as "default", the X-Request-Id read back (tests/test_endpoints_vllm_live.py)
@@ -85,6 +86,11 @@ ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobin
               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "INFO"}
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def family_sum(metrics: dict[str, float], family: str) -> float:
+    """One sample family of VllmEngine.metrics() summed over its label sets (0.0 when absent)."""
+    return sum(v for k, v in metrics.items() if k == family or k.startswith(family + "{"))
 
 
 class EngineUnavailable(RuntimeError):
@@ -185,7 +191,7 @@ class VllmEngine:
 
     def metric(self, family: str) -> float:
         """One sample family summed over its label sets (0.0 when absent)."""
-        return sum(v for k, v in self.metrics().items() if k == family or k.startswith(family + "{"))
+        return family_sum(self.metrics(), family)
 
     def queue(self) -> tuple[int, int]:
         """(running, waiting) from vLLM's own gauges."""
@@ -258,7 +264,7 @@ class Holder:
     """One real streamed completion generating `max_tokens` tokens (ignore_eos) until closed. A plain
     socket, never read: closing it is immediate, and vLLM then aborts the request."""
 
-    def __init__(self, engine: VllmEngine, max_tokens: int = 8000, prompt: str = "hold") -> None:
+    def __init__(self, engine: VllmEngine, max_tokens: int = 32000, prompt: str = "hold") -> None:
         body = json.dumps({"model": engine.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
                            "temperature": 1.0, "stream": True}).encode()
         self.sock = socket.create_connection(("127.0.0.1", engine.port))

@@ -16,6 +16,8 @@ from kotoba_vllm._errors import AdmissionRejected, RequestTimeout, ServerFailure
 from kotoba_vllm._model import ChatRequest, Choice, Message, Response
 from kotoba_vllm.batch import BatchEntry, BatchRunner, FlowControl, OrderedSink, Recorder
 from kotoba_vllm.batch._flow import EDGE_MEMORY_S, MAX_PAUSE_S, MemberFlow
+from kotoba_vllm.capacity._verdict import merge_pool_capacity
+from kotoba_vllm.capacity._view import CapacityView
 
 K_INDEX = kw("vllm/request-index")
 K_ERROR = kw("vllm/error")
@@ -132,13 +134,14 @@ class Measured:
         self.free_: bool | None = None
         self.slots: int | None = None  # free slots counted in the round
         self.round = object()
+        self.counted: int | None = None  # the fewest of ours the round can have counted busy
         self.begun: Counter[str] = Counter()
 
     def admits(self, member: str) -> bool | None:
         return self.free_
 
-    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
-        return self.free_, None if self.slots is None else (self.slots, self.round)
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object, int | None] | None]:
+        return self.free_, None if self.slots is None else (self.slots, self.round, self.counted)
 
     def begin(self, member: str) -> None:
         self.begun[member] += 1
@@ -159,6 +162,38 @@ def test_a_member_measured_busy_gets_nothing_new_and_unmeasured_starts_at_the_ce
     view.free_ = True
     assert flow.admit(e) is not None
     assert view.begun["m"] == 3
+
+
+def test_requests_started_while_a_rounds_probe_was_out_take_the_slots_it_counted_free() -> None:
+    """8 slots, one kept free: the probe goes out with 5 of ours in flight and counts 3 free; 2 more of ours
+    start (on the previous round) before its answer is read. Those 2 took 2 of the 3, so nothing more starts:
+    counted from the first read, 2 more would have gone, and the member's 9th request is refused."""
+    view = Measured()
+    flow = FlowControl(64, lambda e: "m", capacity=view, headroom=1)
+    e = _entries(1)[0]
+    for _ in range(7):
+        assert flow.admit(e) is not None  # no count yet
+    view.slots, view.round, view.counted = 3, object(), 5
+    assert flow.admit(e) is None
+    view.slots, view.round, view.counted = 3, object(), None  # not known: counted from the first read
+    assert flow.admit(e) is not None and flow.admit(e) is not None and flow.admit(e) is None
+
+
+def test_the_view_counts_which_of_ours_a_round_can_have_seen() -> None:
+    """What a round's probe can have counted busy of ours: those in flight when it landed, less those started
+    while it was out (their number taken when it went out); never below 0."""
+    view = CapacityView(("m", "n"))
+    for _ in range(5):
+        view.begin("m")
+    starts = view.starts()
+    view.begin("m")
+    view.begin("m")  # started while the probe is out: maybe after it counted
+    view.end("m", 1.0)
+    view.begin("n")
+    view.record(merge_pool_capacity([], at="t"), 1.0, starts)
+    assert view.counted == {"m": 6 - 2, "n": 0}
+    view.record(merge_pool_capacity([], at="t"), 2.0)
+    assert view.counted is None  # a round that took no count of starts
 
 
 def test_a_rejected_request_waits_for_its_members_pause_or_a_slot_seen_free() -> None:
@@ -424,6 +459,39 @@ def test_headroom_leaves_the_interactive_user_a_slot_the_batch_does_not_take(tmp
     assert answered >= 20 and refused == 0  # the batch held at most 3 of the engine's 4
     # its first burst (15: the ceiling less the headroom) found the edge: 11 refused, and none after it
     assert flow[kw("flow/rejections")] == 11 and flow[kw("flow/limit")][kw("flow/median")] == 3
+
+
+def test_a_member_whose_slots_are_counted_gets_no_blind_first_burst(tmp_path: Any) -> None:
+    """llama.cpp's /slots counts 8 and the member refuses past them: the batch waits for its first probe round
+    instead of sending the ceiling (64) blind, so not one request is refused, from the first on."""
+    from kotoba_vllm.cli import main
+
+    path = _request_file(tmp_path, 120)
+    out, summary = tmp_path / "out.edn", tmp_path / "summary.edn"
+    with _canned(slots=8, delay_ms=20) as srv:
+        assert main(["run", path, "--base-url", srv.base_url, "--backend", "llamacpp", "-c", "64", "--no-progress",
+                     "--output", str(out), "--summary", str(summary)]) == 0
+        refused = srv.stats()["rejected"]
+    records = read_all(out.read_text())
+    assert [r[K_INDEX] for r in records] == list(range(120)) and all(r.get(K_ERROR) is None for r in records)
+    [flow] = read_all(summary.read_text())[0][kw("batch/flow")]
+    assert refused == flow[kw("flow/rejections")] == 0
+
+
+def test_a_member_with_no_more_slots_than_the_headroom_still_gets_one_request_at_a_time(tmp_path: Any) -> None:
+    """One slot, headroom 1: leaving it free would leave the batch waiting forever; the batch gets that slot
+    whenever it holds nothing there, and never refuses itself a second."""
+    from kotoba_vllm.cli import main
+
+    path = _request_file(tmp_path, 6)
+    out = tmp_path / "out.edn"
+    with _canned(slots=1, delay_ms=20) as srv:
+        assert main(["run", path, "--base-url", srv.base_url, "--backend", "llamacpp", "-c", "4", "--no-progress",
+                     "--output", str(out), "--timeout", "30"]) == 0
+        refused = srv.stats()["rejected"]
+    records = read_all(out.read_text())
+    assert [r[K_INDEX] for r in records] == list(range(6)) and all(r.get(K_ERROR) is None for r in records)
+    assert refused == 0
 
 
 def test_a_pool_keeps_a_limit_per_member(tmp_path: Any) -> None:

@@ -67,15 +67,20 @@ def test_harness_prints_ratios_and_writes_edn(tmp_path) -> None:
     # every contender got every answer right, each in its own process
     throughput = result[kw("bench/throughput")]
     assert throughput and all(t[kw("bench/good-min")] == t[kw("bench/n")] for t in throughput
-                              if not t[kw("bench/contender")].startswith("kotoba-run-slots"))
+                              if not t[kw("bench/contender")].startswith(("kotoba-run-slots", "aiohttp-slots")))
     # flow control on and off each ran against both servers, each with its ratio to off in the same round
     flow = {t[kw("bench/contender")]: t for t in throughput if kw("bench/server") in t}
     assert set(flow) == {"kotoba-run-flow-on", "kotoba-run-flow-off", "kotoba-run-flow-off-again", "kotoba-run-slots",
-                         "kotoba-run-slots-flow-off", "kotoba-run-slots-flow-off-again", "kotoba-run-slots-fixed"}
+                         "kotoba-run-slots-flow-off", "kotoba-run-slots-flow-off-again", "kotoba-run-slots-fixed",
+                         "aiohttp-slots", "aiohttp-slots-fixed"}
     assert flow["kotoba-run-flow-on"][kw("bench/paired-cpu-ratio")] > 0
     assert flow["kotoba-run-slots"][kw("bench/paired-cpu-ratio")] > 0
     assert flow["kotoba-run-slots"][kw("bench/paired-cpu-ratio-to-fixed")] > 0
     assert flow["kotoba-run-slots-fixed"][kw("bench/concurrency")] == 8  # the fixed limit is the slots
+    # the floor: raw aiohttp within the slots over raw aiohttp flooding them, paired by round
+    assert flow["aiohttp-slots-fixed"][kw("bench/concurrency")] == 8
+    assert flow["aiohttp-slots-fixed"][kw("bench/paired-cpu-ratio-to-flood")] > 0
+    assert any(x[kw("bench/scenario")].startswith("h. the floor of the pairing") for x in rows)
     pool = [t for t in throughput if t[kw("bench/contender")] == "kotoba-run-pool"]
     assert pool and all(t[kw("bench/paired-cpu-ratio")] > 0 for t in pool)
     assert "paired by round" in r.stdout

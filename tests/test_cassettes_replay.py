@@ -177,6 +177,11 @@ def check_error(c: Cassette, out: Outcome, exp: dict[Keyword, Any]) -> None:
     edn = err.to_edn()
     assert edn[kw("vllm/error")] == exp[kw("vllm/error")], edn
     assert edn[kw("vllm/endpoint-url")].endswith(c.path)
+    if c.op != "raw":  # a client's call, an error answer or one inside a stream: the engine dialect that sent it,
+        assert edn[kw("vllm/backend")] == kw(c.backend), edn  # our request id and the one the server answered with
+        asked = c.call.get(kw("call/request"))
+        assert edn.get(kw("vllm/request-id")) == (asked.get(kw("vllm/request-id")) if isinstance(asked, dict) else None)
+        assert edn.get(kw("vllm/server-request-id")) == c.headers.get("x-request-id"), edn
     for key in ("vllm/status", "vllm/error-type", "vllm/reason", "vllm/retry-after-s"):
         if kw(key) in exp:
             assert edn.get(kw(key)) == exp[kw(key)], (key, edn)

@@ -21,10 +21,12 @@ from faultserver import (CLOSE, LAST_CHUNK, RESET, FaultServer, Seen, Sleep, Ste
                          head, ok, refused_url, reply, sse_event, sse_head, sse_stream)
 from kotoba_vllm import _errors as E
 from kotoba_vllm._client import AsyncClient, Client
+from kotoba_vllm._edn import kw
 
 HANG_S = 20.0  # watchdog per call; every fault below resolves far sooner or it is a hang
 SHORT = 0.3  # client timeout for the slow-server rows
 MSGS = [{"role": "user", "content": "hi"}]
+RID = "fault-1"  # every call's request id: each typed error says whose request it was
 MB = 1024 * 1024
 HUGE = 50 * MB
 
@@ -185,9 +187,9 @@ def sync_client(url: str, flavour: str) -> Client:
 def call_sync(url: str, mode: str, timeout: float | None, flavour: str = "sync") -> Any:
     with sync_client(url, flavour) as c:
         if mode == "stream":
-            with c.stream_chat(MSGS, timeout=timeout) as s:
+            with c.stream_chat(MSGS, timeout=timeout, request_id=RID) as s:
                 return s.until_done()
-        return c.chat(MSGS, timeout=timeout)
+        return c.chat(MSGS, timeout=timeout, request_id=RID)
 
 
 def async_client(url: str, flavour: str) -> AsyncClient:
@@ -202,9 +204,9 @@ def async_client(url: str, flavour: str) -> AsyncClient:
 async def _call_async(url: str, mode: str, timeout: float | None, flavour: str) -> Any:
     async with async_client(url, flavour) as c:
         if mode == "stream":
-            async with await c.stream_chat(MSGS, timeout=timeout) as s:
+            async with await c.stream_chat(MSGS, timeout=timeout, request_id=RID) as s:
                 return await s.until_done()
-        return await c.chat(MSGS, timeout=timeout)
+        return await c.chat(MSGS, timeout=timeout, request_id=RID)
 
 
 def call_async(url: str, mode: str, timeout: float | None, flavour: str = "async") -> Any:
@@ -242,6 +244,8 @@ def test_fault_matrix(fault: Fault, mode: str, flavour: str) -> None:
         assert isinstance(err, E.KotobaError)
         edn = err.to_edn()  # every typed error renders, and says which endpoint failed
         assert edn and err.endpoint and err.message
+        # whose request and which engine dialect sent it, whatever failed: a refusal, a timeout, a broken stream
+        assert edn[kw("vllm/request-id")] == RID and edn[kw("vllm/backend")] == kw("vllm"), edn
         subject = err
         if fault.kept is not None and mode == "stream":
             assert err.partial_text == fault.kept  # type: ignore[attr-defined]

@@ -13,11 +13,13 @@ import gzip
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -36,25 +38,35 @@ WALL_S = 30.0
 SMALL = 1 * MiB  # the limit the cases run with: 1/64 of the default, bodies scaled alike
 
 
-def run_child(spec: dict[str, Any], wall_s: float = WALL_S, *, body_limit: int | None = None) -> dict[str, Any]:
+def run_child(spec: dict[str, Any], wall_s: float = WALL_S, *, body_limit: int | None = None,
+              meanwhile: Callable[["subprocess.Popen[str]"], None] | None = None) -> dict[str, Any]:
     """Run one client case in a child process; `body_limit` is the largest body it may hold (the spec's own
-    `max_response_bytes`, or SMALL, unless given)."""
+    `max_response_bytes`, or SMALL, unless given); `meanwhile(child)` runs here while the child does."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (AS_CEILING, AS_CEILING))
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(CHILD.parent)])}
+    p = subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=limit, env=env)
     try:
-        p = subprocess.run([sys.executable, str(CHILD), json.dumps(spec)], capture_output=True, text=True,
-                           timeout=wall_s, preexec_fn=limit, env=env)
+        if meanwhile is not None:
+            meanwhile(p)
+        stdout, stderr = p.communicate(timeout=wall_s)
     except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
         pytest.fail(f"{spec['path']} hung: no end within the {wall_s} s wall cap")
-    assert p.returncode == 0, f"{spec['path']} crashed (exit {p.returncode}):\n{p.stderr[-3000:]}"
-    last = p.stdout.rstrip("\n").rpartition("\n")[2]  # the child's one JSON line (split on newlines only)
+    except BaseException:  # `meanwhile` failed: no child outlives the test
+        p.kill()
+        p.communicate()
+        raise
+    assert p.returncode == 0, f"{spec['path']} crashed (exit {p.returncode}):\n{stderr[-3000:]}"
+    last = stdout.rstrip("\n").rpartition("\n")[2]  # the child's one JSON line (split on newlines only)
     try:
         out: dict[str, Any] = json.loads(last)
     except ValueError:
-        pytest.fail(f"{spec['path']}: the child's last line is no JSON ({len(p.stdout)} characters of stdout): "
-                    f"{last[:300]!r} ... {last[-300:]!r}; stderr: {p.stderr[-1500:]}")
+        pytest.fail(f"{spec['path']}: the child's last line is no JSON ({len(stdout)} characters of stdout): "
+                    f"{last[:300]!r} ... {last[-300:]!r}; stderr: {stderr[-1500:]}")
     grown = (out["rss_peak_kb"] - out["rss_before_kb"]) * 1024
     limit_bytes = body_limit or spec.get("client", {}).get("max_response_bytes", SMALL)
     assert grown <= 3 * limit_bytes + 24 * MiB, f"{spec['path']} grew {grown / MiB:.0f} MiB (limit {limit_bytes})"
@@ -87,6 +99,14 @@ def one_token_then_heartbeats(seen: Seen) -> Iterator[Step]:
     while True:
         yield chunk(b": ping\n\n")
         yield Sleep(0.05)
+
+
+def steady_tokens(seen: Seen) -> Iterator[Step]:
+    """An engine decoding: a token every 10 ms, for ever."""
+    yield sse_head()
+    while True:
+        yield sse_event(chat_chunk("t"))
+        yield Sleep(0.01)
 
 
 def long_prefill(seen: Seen) -> Iterator[Step]:
@@ -183,6 +203,35 @@ def test_a_heartbeat_only_stream_ends_at_the_deadline(path: str) -> None:
     # heartbeats never start the idle limit (no data event yet): the whole deadline ends it
     assert out["kind"] == "timeout" and out["phase"] == "total", out
     assert out["elapsed_s"] < 3
+
+
+@pytest.mark.parametrize("path", SYNC_ASYNC)
+def test_a_client_run_only_after_its_deadline_hands_over_nothing_that_came_meanwhile(path: str) -> None:
+    """A busy machine can leave the client's process unscheduled across its deadline (seen beside vLLM's CPU
+    engine: seconds). When it runs again, the tokens that piled up in the socket meanwhile are not handed
+    over as deltas: the deadline has passed, the stream ends, and the connection closes."""
+    deadline_s, stopped_s = 0.6, 1.2
+
+    def stopped_across_the_deadline(child: "subprocess.Popen[str]") -> None:
+        t = time.monotonic()
+        while not srv.seen and time.monotonic() - t < 10:  # the request is out: the deadline runs
+            time.sleep(0.01)
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            time.sleep(stopped_s)
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+
+    with FaultServer(steady_tokens) as srv:
+        out = run_child(_spec(path, srv.base_url, call="stream", client={"deadline": deadline_s}),
+                        meanwhile=stopped_across_the_deadline)
+        assert srv.wait_idle(5) == 0
+    assert out["kind"] == "timeout" and out["phase"] == "total", out
+    assert out["delta_s"], out  # tokens came before the stop
+    late = [t for t in out["delta_s"] if t > deadline_s + 0.3]
+    assert not late, f"{len(late)} deltas handed over after the {deadline_s} s deadline, the first at {late[0]} s"
+    assert out["elapsed_s"] >= 0.2 + stopped_s  # it really was stopped past its deadline
 
 
 @pytest.mark.parametrize("path", SYNC_ASYNC)

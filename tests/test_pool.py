@@ -60,12 +60,14 @@ def test_all_members_busy_raises_before_sending_anything() -> None:
     with respx.mock(assert_all_called=False) as m, Pool([A, B], **EVERY, http_client=httpx.Client()) as pool:
         posts = [member(m, A, "busy"), member(m, B, "busy")]
         with pytest.raises(AdmissionRejected) as err:
-            pool.chat("hello")
+            pool.chat("hello", request_id="busy-1")
         assert [p.call_count for p in posts] == [0, 0]
     e = err.value
     assert e.reason == "all-slots-busy" and e.sent is False and e.status is None
     text = dumps(e.to_edn())
     assert ":vllm/error :admission-rejected" in text and ":vllm/sent? false" in text
+    # whose request it was; no engine dialect is named, since none sent it
+    assert ':vllm/request-id "busy-1"' in text and ":vllm/backend" not in text
     assert ":capacity/measured-busy 2" in text and ":capacity/verdict :all-slots-busy" in text
 
 

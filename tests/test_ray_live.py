@@ -151,7 +151,9 @@ def test_two_nodes_a_restarted_server_and_a_killed_actor_still_give_one_record_p
     for r in rows:
         by_kind.setdefault("ok" if r["ok"] else r["error"], set()).add(r["request_index"])
     assert by_kind["validation"] == {i for i in range(N) if _invalid(i)}
-    assert set(by_kind) <= {"ok", "validation", "unreachable", "admission-rejected"}, by_kind.keys()
+    # While B is down or loading its model again, a request the pool sends it (an unmeasured member, taken
+    # when A is measured full) ends unreachable (refused) or not-ready (llama-server's 503 while loading)
+    assert set(by_kind) <= {"ok", "validation", "unreachable", "not-ready", "admission-rejected"}, by_kind.keys()
     for r in rows:
         rec = read_one(r["record"])
         assert rec[kw("vllm/request-index")] == r["request_index"]

@@ -10,6 +10,7 @@ from kotoba_vllm._edn import kw, read_one
 from kotoba_vllm._errors import AdmissionRejected, Unreachable
 from kotoba_vllm._model import Choice, Figure, Response, Timings, Usage
 from kotoba_vllm.ray import IntentLog, entry_from_row, entry_from_value
+from kotoba_vllm._base_client import identify
 from kotoba_vllm.ray._rows import COLUMNS, error_columns, flag_maybe_sent_twice, invalid_columns, ok_columns
 
 CHAT = '{:vllm/endpoint :chat :vllm/model "m" :vllm/messages [{:vllm/role :user :vllm/content "hi"}]}'
@@ -61,8 +62,8 @@ def test_columns_for_an_answer_an_error_and_an_invalid_request() -> None:
     assert read_one(ok["record"])[kw("vllm/request-index")] == 0
     busy = error_columns(e, AdmissionRejected("busy", reason="all-slots-busy", sent=False, status=None))
     assert (busy["error"], busy["admission_reason"], busy["sent"]) == ("admission-rejected", "all-slots-busy", False)
-    down = error_columns(e, Unreachable("refused", endpoint="http://127.0.0.1:1"))
-    assert (down["error"], down["sent"]) == ("unreachable", True)
+    down = error_columns(e, identify(Unreachable("refused", endpoint="http://127.0.0.1:1"), e.request, "vllm"))
+    assert (down["error"], down["sent"], down["backend"]) == ("unreachable", True, "vllm")  # as an answer's row
     bad = invalid_columns(entry_from_value(1, "[1 2]"))
     assert (bad["error"], bad["sent"]) == ("validation", False)
     flagged = flag_maybe_sent_twice(ok)

@@ -33,7 +33,7 @@ def test_the_typed_error_names_the_edn_key_and_the_engine(mode: str) -> None:
     assert isinstance(err, BadRequest) and err.status == 400
     assert err.field == "vllm/max-tokens" and err.backend == "vllm"
     edn = err.to_edn()
-    assert edn[kw("vllm/field")] == kw("vllm/max-tokens") and edn[kw("vllm/backend")] == "vllm"
+    assert edn[kw("vllm/field")] == kw("vllm/max-tokens") and edn[kw("vllm/backend")] == kw("vllm")
     assert edn[kw("vllm/details")][kw("param")] == "max_tokens"  # the engine's own word kept beside ours
 
 
@@ -82,7 +82,7 @@ def test_run_record_names_the_key_and_its_line(which: str, tmp_path: Path, capsy
     with LoopbackReplay(c) as srv:
         assert main(["run", str(f), "--base-url", srv.base_url, "--backend", "vllm", "--no-progress"]) == 1
     (record,) = [x.value for x in read_forms(capsys.readouterr().out)]
-    assert record[kw("vllm/error")] == kw("bad-request") and record[kw("vllm/backend")] == "vllm"
+    assert record[kw("vllm/error")] == kw("bad-request") and record[kw("vllm/backend")] == kw("vllm")
     assert record[kw("vllm/field")] == kw(key)
     assert record[kw("vllm/field-where")] == f"{f}:{at}"
     assert record[kw("vllm/where")] == f"{f}:1:1"  # the request's own place, as before

@@ -31,6 +31,9 @@ def K(m: Any, *keys: str) -> Any:
 @pytest.fixture(scope="module")
 def bench_report(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("vllm-bench") / "bench.edn"
+    # The engine is the session's: a request an earlier test gave up on (a deadline, a closed stream) can still be
+    # decoding, and its tokens would land in the counter deltas bench reads. Start from an idle engine.
+    vllm_engine.wait_queue(0, 0)
     cmd = [sys.executable, "-m", "kotoba_vllm", "bench", "--base-url", vllm_engine.base_url, "--backend", "vllm",
            "--requests", "4", "--max-tokens", "48", "--concurrency", "1,4", "--long-prompt-tokens", "600",
            "--output", str(out), "-q"]

@@ -28,6 +28,8 @@ class BatchEntry:
     # where its EDN form can be read again (`Form.anchor`), so a server's refusal naming a field can name that
     # key's line and column; the form itself is not kept (its position tables cost ~4 KB a request held)
     anchor: tuple[str, int, str, int, int] | None = attrs.field(default=None, eq=False, repr=False)
+    # a JSONL entry's line, for the same (the line is read anyway; it is held while its request is in flight)
+    jsonl_line: str | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def sendable(self) -> bool:

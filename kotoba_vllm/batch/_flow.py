@@ -197,9 +197,10 @@ class MeasuredCapacity(Protocol):
     def admits(self, member: str) -> bool | None:
         """May a request go to `member` now: True / False, None when unmeasured (AIMD and pauses decide)."""
 
-    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
-        """`admits(member)`, and `member`'s measured free slots with the round they were read in (None: no count
-        of them): both from one look at the view, as flow control asks them together before every request."""
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object, int | None] | None]:
+        """`admits(member)`, and `member`'s measured free slots with the round they were read in and the fewest
+        of ours in flight that round can have counted busy (None: not known), or None for no count of them: all
+        from one look at the view, as flow control asks them together before every request."""
 
     def begin(self, member: str) -> None:
         """One of ours started on `member`."""
@@ -241,7 +242,8 @@ class FlowControl:
         return m
 
     def _room(self, m: MemberFlow) -> bool:
-        """The measured view leaves `headroom` slots of `m` free (counting ours started since its round)."""
+        """The measured view leaves `headroom` slots of `m` free (counting ours started since its round's probe
+        went out), or, while none of ours is in flight there, has a slot free at all."""
         cap = self.capacity
         if cap is None:
             return True
@@ -250,10 +252,15 @@ class FlowControl:
             return False
         if free is None:
             return True
-        slots, round_ = free
+        slots, round_, counted = free
         if round_ is not m.round:
-            m.round, m.at_round = round_, m.in_flight
-        return slots - max(0, m.in_flight - m.at_round) > self.headroom
+            # Ours started since the round's probe went out take slots it counted free. Counted from its first
+            # read instead, a request started between the probe and that read was missed: a refusal.
+            m.round, m.at_round = round_, m.in_flight if counted is None else counted
+        # the headroom never takes a member's last free slot from a batch holding none there (FLOOR, as `_cap`):
+        # a member with no more slots than the headroom would otherwise get nothing, ever
+        keep = self.headroom if m.in_flight >= FLOOR else 0
+        return slots - max(0, m.in_flight - m.at_round) > keep
 
     def admit(self, e: BatchEntry) -> object | None:
         if self.in_flight >= self.ceiling:

@@ -12,8 +12,9 @@ Output line (the shape of vLLM's `BatchRequestOutput`):
     {"id": "batch-..", "custom_id": "r1",
      "response": {"status_code": 200, "request_id": "..", "body": <OpenAI response object>},
      "error": null | {"code": "<error kind>", "message": ".."}}
-plus a `"kotoba"` object (extra fields are allowed there) that says which endpoint answered,
-the request's input position and, for failures, the typed error as JSON.
+plus a `"kotoba"` object (extra fields are allowed there) that says which endpoint and engine dialect
+answered, the request's input position and, for failures, the typed error as JSON and, when the server
+named the field it refused, that body key's line and column (`field_where`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ _TOP: dict[str, dict[str, str]] = {
     "score": {"model": "vllm/model", "text_1": "vllm/text-1", "text_2": "vllm/text-2", "queries": "vllm/text-1",
               "documents": "vllm/text-2", "items": "vllm/text-2", "data_1": "vllm/text-1", "data_2": "vllm/text-2"},
 }
+K_SAMPLING = kw("vllm/sampling")
 _NO_SAMPLING = frozenset({"embedding", "rerank", "score"})
 # Wire fields that carry nothing to send; accepted and dropped on purpose.
 _IGNORED = {"stream_options", "user"}
@@ -120,7 +122,7 @@ def body_to_edn(body: JsonObject, endpoint: str, where: str) -> tuple[dict[Keywo
         sampling[kw("vllm/logprobs")] = top_logprobs if top_logprobs is not None and logprobs is not False \
             else logprobs
     if sampling:
-        m[kw("vllm/sampling")] = sampling
+        m[K_SAMPLING] = sampling
     return m, problems
 
 
@@ -187,7 +189,7 @@ def line_to_entry(index: int, line: str, source: str, lineno: int) -> BatchEntry
         m[kw("vllm/base-url")] = base_url
     req, req_problems = request_from_edn(m)
     problems.extend(attrs_where(p, where) for p in req_problems)
-    return BatchEntry(index, where, req, tuple(problems), cid)
+    return BatchEntry(index, where, req, tuple(problems), cid, jsonl_line=line)
 
 
 def _split_url(url: object) -> tuple[str | None, object]:
@@ -217,6 +219,54 @@ def iter_jsonl_entries(fh: IO[str], source: str) -> Iterator[BatchEntry]:
             entry = BatchEntry(index, where, None, (_problem("batch/internal", msg, where),))
         yield entry
         index += 1
+
+
+def field_where(entry: BatchEntry, field: str) -> str | None:
+    """`file:line:column` of the body key in a JSONL entry's line that became the EDN key `field` (a field the
+    server refused), or None. Each body key is read alone by `body_to_edn`, the rule the line was read by."""
+    line, req = entry.jsonl_line, entry.request
+    body = json.loads(line).get("body") if line is not None and req is not None else None
+    if not isinstance(body, dict) or req is None or req.endpoint not in _TOP:
+        return None
+    target = kw(field)
+    for k, v in body.items():
+        m, _ = body_to_edn({k: v}, req.endpoint, entry.where)
+        sampling = m.get(K_SAMPLING)
+        if target in m or (isinstance(sampling, dict) and target in sampling):
+            column = key_column(cast(str, line), ("body", k))
+            return None if column is None else f"{entry.where.rsplit(':', 1)[0]}:{column}"
+    return None
+
+
+def key_column(text: str, path: tuple[str, ...]) -> int | None:
+    """The 1-based column, in one line of JSON, of the object key that `path` names from the top
+    (`("body", "max_tokens")`), or None. `text` is known to be JSON: strings are only skipped over."""
+    keys: list[str | None] = []  # per open container: the key its current value stands under (None in an array)
+    in_object: list[bool] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            end = i + 1
+            while end < n and text[end] != '"':
+                end += 2 if text[end] == "\\" else 1
+            after = end + 1
+            while after < n and text[after] in " \t\r\n":
+                after += 1
+            if in_object and in_object[-1] and after < n and text[after] == ":":  # a key, not a value
+                keys[-1] = json.loads(text[i:end + 1])
+                if len(keys) == len(path) and tuple(keys) == path:
+                    return i + 1
+            i = end + 1
+            continue
+        if c == "{" or c == "[":
+            in_object.append(c == "{")
+            keys.append(None)
+        elif (c == "}" or c == "]") and keys:
+            in_object.pop()
+            keys.pop()
+        i += 1
+    return None
 
 
 # ------------------------------------------------------------------ output
@@ -312,6 +362,12 @@ def output_line(entry: BatchEntry, result: object = None, error: KotobaError | N
     elif error is not None:
         err = {"code": error.kind, "message": error.message}
         kotoba["error"] = edn_to_json(error.to_edn())
+        if error.backend is not None:  # the engine dialect that sent it, as on an answered line
+            kotoba["backend"] = error.backend
+        refused = error.field if isinstance(error, ServerError) else None
+        at = field_where(entry, refused) if refused is not None else None
+        if at is not None:  # the refused field's own key in the line, as `:vllm/field-where` in an EDN record
+            kotoba["field_where"] = at
         if isinstance(error, ServerError) and error.status is not None:
             response = {"status_code": error.status, "request_id": answer_id or f"batch-{uuid.uuid4().hex}",
                         "body": None}

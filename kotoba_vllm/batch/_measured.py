@@ -3,8 +3,9 @@
 - `ProbedCapacity`: for members reached without a pool (one `--base-url`, or the URLs requests name),
   a `CapacityView` per member fed by probe rounds the way the async pool feeds its own: a round at
   most `interval_s` old is read, an older one starts the next round in the background (one at a
-  time) while the previous one is read up to one probe timeout longer; a member whose engine
-  publishes nothing to probe (an OpenAI-compatible server) is left unmeasured after its first round.
+  time) while the previous one is read up to one probe timeout longer; nothing is sent to a member
+  before its first round is in (as the pool waits for its first); a member whose engine publishes
+  nothing to probe (an OpenAI-compatible server) is left unmeasured after that first round.
 - `PoolViewCapacity`: a pool already keeps the view (and counts its own requests in flight): flow
   control keeps a limit per member and asks the pool's view which of the members under their limits
   it would choose now (None: it would refuse), so the runner waits instead of making a local
@@ -91,18 +92,26 @@ class ProbedCapacity:
         if not view.fresh(now):
             self._start_round(member, view)
         cap = view.snapshot
-        if cap is None or now - view.started > self._limit_s:
-            return None  # no reading to go by (yet, or any more)
+        if cap is None:
+            # Its first round is out: wait for it (at most one probe timeout) rather than send blind. A member
+            # whose slots the round counts would otherwise take the batch's first burst at the ceiling, and
+            # refuse all but its slots of it.
+            first = self._rounds.get(member)
+            return False if first is not None and not first.done() else None
+        if now - view.started > self._limit_s:
+            return None  # no reading to go by any more
         return view.decide(cap, None).member is not None
 
-    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object, int | None] | None]:
         admits = self.admits(member)
         if member in self.unprobed:
             return admits, None
         view = self.views.get(member)
-        cap = view.snapshot if view is not None else None
-        n = free_slots(cap.answer_for(member)) if cap is not None else None
-        return admits, None if n is None else (n, cap)
+        if view is None or view.snapshot is None:
+            return admits, None
+        cap = view.snapshot
+        n = free_slots(cap.answer_for(member))
+        return admits, None if n is None else (n, cap, _counted(view, member))
 
     def begin(self, member: str) -> None:
         view = self.views.get(member)
@@ -120,14 +129,14 @@ class ProbedCapacity:
             self._rounds[member] = asyncio.ensure_future(self._round(member, view))
 
     async def _round(self, member: str, view: CapacityView) -> None:
-        started = time.monotonic()
+        started, starts = time.monotonic(), view.starts()
         try:
             answers = await aprobe_endpoints([member], self.backend, http=self._wire_for(member),
                                              timeout=self.timeout, detected=self._detected)
         except Exception:  # a probe never raises by design; if it does, the member is unmeasured, not the run
             self.unprobed.add(member)
             return
-        view.record(merge_pool_capacity(answers, at=now_iso()), started)
+        view.record(merge_pool_capacity(answers, at=now_iso()), started, starts)
         if not answers[0].measured and not PROBE_PATHS.get(answers[0].backend or ""):
             self.unprobed.add(member)
 
@@ -147,6 +156,11 @@ class ProbedCapacity:
         await self.wire.aclose()
         if self.keyless is not None:
             await self.keyless.aclose()
+
+
+def _counted(view: CapacityView, member: str) -> int | None:
+    """The fewest of ours in flight to `member` the view's snapshot round can have counted busy (None: not known)."""
+    return None if view.counted is None else view.counted.get(member)
 
 
 def _retrieve(t: "asyncio.Task[PoolCapacity]") -> None:
@@ -193,12 +207,12 @@ class PoolViewCapacity:
             return None  # the pool takes a round when it sends: let it
         return self.pool.view.admits(cap, (member,))
 
-    def reading(self, member: str) -> tuple[bool | None, tuple[int, object] | None]:
+    def reading(self, member: str) -> tuple[bool | None, tuple[int, object, int | None] | None]:
         cap = self._round()
         if cap is None:
             return None, None
         n = self._member(cap, member)[1]
-        return self.pool.view.admits(cap, (member,)), None if n is None else (n, cap)
+        return self.pool.view.admits(cap, (member,)), None if n is None else (n, cap, _counted(self.pool.view, member))
 
     def choose(self, e: BatchEntry, allowed: Sequence[str]) -> str | None:
         """The member the pool's view picks for `e` among `allowed` (its affinity, its spreading), on the

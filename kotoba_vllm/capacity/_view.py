@@ -40,6 +40,9 @@ class CapacityView:
         self.interval_s = interval_s
         self.snapshot: PoolCapacity | None = None
         self.started = -math.inf  # when the snapshot's round started (its age is measured from there)
+        # per member, the fewest of ours in flight the snapshot's round can have counted busy (None: not known):
+        # ours in flight when it landed, less ours started while it was out
+        self.counted: dict[str, int] | None = None
         self.inflight = {m: 0 for m in self.members}
         self.sent = {m: 0 for m in self.members}
         self._last_done = {m: -math.inf for m in self.members}
@@ -60,10 +63,16 @@ class CapacityView:
     def fresh(self, now: float) -> bool:
         return self.snapshot is not None and now - self.started <= self.interval_s
 
-    def record(self, cap: PoolCapacity, started: float) -> None:
-        """A probe round that started at `started` (monotonic seconds) answered `cap`."""
+    def starts(self) -> dict[str, int]:
+        """Ours started so far, per member: taken when a round's probes go out, for its `record`."""
+        return dict(self.sent)
+
+    def record(self, cap: PoolCapacity, started: float, starts: dict[str, int] | None = None) -> None:
+        """A probe round that started at `started` (monotonic seconds) answered `cap`; `starts`: `starts()` then."""
         if started >= self.started:  # an older round finishing late never replaces a newer one
             self.snapshot, self.started = cap, started
+            self.counted = None if starts is None else {
+                m: max(0, self.inflight.get(m, 0) - (self.sent.get(m, 0) - starts.get(m, 0))) for m in self.sent}
         self.rounds += 1
 
     def begin(self, member: str) -> None:

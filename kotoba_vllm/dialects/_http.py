@@ -208,9 +208,7 @@ def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint
     message = str(err.get("message") or (raw.decode("utf-8", "replace")[:300] if raw else f"HTTP {status}"))
     etype = err.get("type")
     etype = str(etype) if etype is not None else None
-    details = {k: v for k, v in err.items() if k not in ("message", "type")} if err else {}
-    details_edn = {(kw(k) if plain_key(k) else k): v for k, v in details.items()
-                   if isinstance(v, (str, int, float, bool))} or None
+    details_edn = error_details(err)
     lowered = message.lower()
     retry_after = parse_retry_after(headers.get("retry-after"), now)
     if status == 429:
@@ -229,6 +227,12 @@ def classify_error(status: int, raw: bytes, headers: Mapping[str, str], endpoint
                           details=details_edn)
     return ServerFailure(message, status=status, endpoint=endpoint, raw_body=raw, error_type=etype,
                          details=details_edn)
+
+
+def error_details(err: Mapping[str, object]) -> dict[Keyword | str, Edn] | None:
+    """An engine's error object's other scalar fields (vLLM's `param`, llama.cpp's `n_ctx` ...), kept as details."""
+    return {(kw(k) if plain_key(k) else k): v for k, v in err.items()
+            if k not in ("message", "type") and isinstance(v, (str, int, float, bool))} or None
 
 
 def _reason_from(err: Mapping[str, object], body: object) -> str | None:
@@ -251,14 +255,16 @@ def stream_error(obj: Mapping[str, object], endpoint: str | None, partial_text: 
     etype = err.get("type")
     lowered = message.lower()
     raw = raw if raw is not None else json.dumps(obj)
+    details = error_details(err)  # vLLM's `param` among them, as in an error answer
     admission = admission_reason_503(lowered)  # inside a stream the code may be absent or 200
     if status == 429 or admission is not None:
         reason = admission or "rate-limited"
         return AdmissionRejected(message, reason=reason, status=status, endpoint=endpoint, raw_body=raw,
-                                 error_type=str(etype) if etype else None, partial_text=partial_text)
+                                 error_type=str(etype) if etype else None, partial_text=partial_text,
+                                 details=details)
     cls: type[ServerError] = BadRequest if status is not None and 400 <= status < 500 else ServerFailure
     return cls(message, status=status, endpoint=endpoint, raw_body=raw,
-               error_type=str(etype) if etype else None, partial_text=partial_text)
+               error_type=str(etype) if etype else None, partial_text=partial_text, details=details)
 
 
 __all__ = ["ORJSON", "ORJSON_LOADS", "HttpRequest", "classify_error", "decode_json", "error_object", "loads_as_json", "loads_narrow", "may_hold_wide_int", "parse_retry_after", "stream_error",

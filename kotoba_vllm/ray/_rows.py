@@ -158,7 +158,8 @@ def ok_columns(e: BatchEntry, resp: AnyResponse, attempts: list[dict[Keyword, Ed
 def error_columns(e: BatchEntry, err: KotobaError, attempts: list[dict[Keyword, Edn]] | None = None
                   ) -> dict[str, object]:
     out = _base(e)
-    out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, record=_RECORDER.failed(e, err, attempts)[-1])
+    out.update(ok=False, error=err.kind, endpoint_url=err.endpoint, backend=err.backend,
+               record=_RECORDER.failed(e, err, attempts)[-1])
     out["sent"] = not isinstance(err, ValidationError) and getattr(err, "sent", True)
     if isinstance(err, AdmissionRejected):
         out["admission_reason"] = err.reason

@@ -63,7 +63,7 @@ def build(out: Path) -> dict[str, int]:
     vocab = tok.get_vocab_size()
     ids = {t: tok.token_to_id(t) for t in SPECIAL + ADDED}
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768,
         "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
         "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE}, indent=1))
@@ -72,7 +72,7 @@ def build(out: Path) -> dict[str, int]:
     (out / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
         "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+        "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "float32",
         "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["<|im_end|>"]}))
