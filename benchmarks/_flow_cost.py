@@ -14,7 +14,9 @@ rounds, and two runs back to back mostly share it.
 
 Against the 8 slots, `-c 64` with flow control off turns most requests into 429 records at once, which cost
 less than answers; so beside the ratio per request the rows give CPU per answered request, and flow control
-against the fixed `-c 8` (both answer every request).
+against the fixed `-c 8` (both answer every request). Raw aiohttp at `-c 8` over raw aiohttp at `-c 64`,
+against the same member, is the same pairing for a client with no bookkeeping at all: what the 8 slots
+themselves cost per request, the floor under flow control's ratio.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from typing import Any, Callable
 from _throughput import child, paired, summarise
 from canned_server import CannedServer
 
-# per server: (label, slots, (flow control on, off, off again, [a fixed -c equal to the slots]))
+# per server: (label, slots, (flow control on, off, off again, [a fixed -c equal to the slots,
+#   raw aiohttp at -c 64 and at -c the slots: the same pairing for a client with no bookkeeping]))
 SERVERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("never rejects", 0, ("kotoba-run-flow-on", "kotoba-run-flow-off", "kotoba-run-flow-off-again")),
     ("8 slots + 429", 8, ("kotoba-run-slots", "kotoba-run-slots-flow-off", "kotoba-run-slots-flow-off-again",
-                          "kotoba-run-slots-fixed")),
+                          "kotoba-run-slots-fixed", "aiohttp-slots", "aiohttp-slots-fixed")),
 )
 # the Done-when's budgets: within noise (read as 3%, beside the A/A figure) and at most 5%
 TARGETS = {0: 1.03, 8: 1.05}
@@ -64,6 +67,8 @@ def measure(conc: int, n: int, rounds: int, step: Callable[[str], None]) -> tupl
                 _pair(s, runs[name], runs[names[1]], "")
             if slots and name == names[0]:
                 _pair(s, runs[name], runs[names[3]], "_to_fixed")
+            if slots and name == names[5]:  # raw aiohttp within the slots, over itself flooding them
+                _pair(s, runs[name], runs[names[4]], "_to_flood")
             results.append(s)
             if s.get("error"):
                 notes.append(f"h {label} {name}: {s['error']}")
@@ -105,7 +110,23 @@ def rows(results: list[dict[str, Any]], conc: int,
                 f"medians {_ms(a)} on, {_ms(fixed)} fixed; 429s per run: on {_median(a['rejected_per_round'])}, "
                 f"fixed {_median(fixed['rejected_per_round'])}; answers per run: on {_median(a['good_per_round'])}, "
                 f"fixed {_median(fixed['good_per_round'])}; wall time per run: on {_wall(a)}, fixed {_wall(fixed)}"))
+        polite, flood = (at.get(names[5]), at.get(names[4])) if len(names) > 5 else (None, None)
+        if polite is not None and flood is not None:
+            out.append(row(
+                f"h. the floor of the pairing, {label}: raw aiohttp at -c {slots} over raw aiohttp at -c {conc}",
+                "canned+20ms 8 slots", "x flooding", {"aiohttp": polite.get("paired_cpu_ratio_to_flood"),
+                                                     "flooding": 1.0}, (),
+                f"the first row's pairing for a client with no bookkeeping at all: raw aiohttp kept within the "
+                f"{slots} slots (no refusals) over raw aiohttp at -c {conc} (refused beyond them, each 429 taken "
+                f"as its answer); paired by round ({_rounds(polite.get('rounds_cpu_ratio_to_flood'))}); "
+                f"medians {_ms(polite)} within, {_ms(flood)} flooding; 429s per run: within "
+                f"{_median(polite['rejected_per_round'])}, flooding {_median(flood['rejected_per_round'])}; "
+                f"flow control's own row divided by this: {_x(_over(a.get('paired_cpu_ratio'), polite.get('paired_cpu_ratio_to_flood')))}"))
     return out
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def _rounds(ratios: list[float] | None) -> str:

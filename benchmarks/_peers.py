@@ -62,7 +62,9 @@ async def workers(call: Call, conc: int, n: int) -> tuple[list[str], list[float]
 # ------------------------------------------------------------------ contenders: (setup, call, close)
 
 
-async def aiohttp_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitable[Any]]]:
+async def aiohttp_peer(url: str, conc: int, refusals: bool = False) -> tuple[Call, Callable[[], Awaitable[Any]]]:
+    """Raw aiohttp; `refusals`: a 429 is taken as an answer (its text "429") instead of failing on it, the client
+    with no bookkeeping at all against scenario h's member that refuses beyond its slots."""
     import aiohttp
 
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc))
@@ -71,6 +73,8 @@ async def aiohttp_peer(url: str, conc: int) -> tuple[Call, Callable[[], Awaitabl
     async def call(msgs: list[dict[str, str]]) -> str:
         async with session.post(chat, json={"model": MODEL, "messages": msgs, "max_tokens": 4}) as r:
             data = await r.json()
+        if refusals and r.status == 429:
+            return "429"
         return data["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
     return call, session.close
 
@@ -232,7 +236,7 @@ async def kotoba_httpx2_peer(url: str, conc: int) -> tuple[Call, Callable[[], Aw
     return call, http.aclose
 
 
-PEERS = {"aiohttp": aiohttp_peer, "httpx": httpx_peer,
+PEERS = {"aiohttp": aiohttp_peer, "aiohttp-slots": lambda u, c: aiohttp_peer(u, c, refusals=True), "httpx": httpx_peer,
          "httpx2": lambda u, c: httpx_peer(u, c, "httpx2"), "openai": openai_peer, "flexllm": flexllm_peer,
          "kotoba": kotoba_peer, "kotoba-stream": kotoba_stream_peer, "kotoba-httpx": kotoba_httpx_peer, "kotoba-httpcore2": kotoba_httpcore2_peer,
          "kotoba-httpx2": kotoba_httpx2_peer}
@@ -334,6 +338,8 @@ def main() -> None:
             res = loop.run_until_complete(run_peer("aiohttp", urls[0], conc, n))
         finally:
             loop.close()
+    elif name.startswith("aiohttp-slots"):  # "-fixed": the same at -c the slots (scenario h's floor)
+        res = asyncio.run(run_peer("aiohttp-slots", urls[0], conc, n))
     else:
         res = asyncio.run(run_peer(name, urls[0], conc, n))
     print(json.dumps(res), flush=True)

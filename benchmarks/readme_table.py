@@ -1,6 +1,8 @@
-"""`python benchmarks/readme_table.py results/<run>.edn [--write]`: the README's performance tables,
-generated from one named result file (`--write` puts them into benchmarks/README.md and README.md between the
-`<!-- throughput-table -->` markers, naming the file)."""
+"""`python benchmarks/readme_table.py results/<run>.edn [results/<other run>.edn ...] [--write]`: the README's
+performance tables, generated from the named result files (`--write` puts them into benchmarks/README.md and
+README.md between the `<!-- throughput-table -->` markers). The first file gives the batch tables; each later
+table comes from the first file that holds its scenario, and says which file that is when it is not the first
+(a run of some scenarios only, `benchmarks/run.py --only`, leaves the others to an earlier full run)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,11 @@ def load(path: str) -> dict[str, Any]:
 
 def _cell(v: Any, fmt: str) -> str:
     return "—" if v is None else format(v, fmt)
+
+
+def _verdict(met: bool | None) -> str:
+    """A target's cell: met, missed, or nothing when it was not measured."""
+    return "met" if met else "**missed**" if met is False else ""
 
 
 def tables(result: dict[str, Any], name: str) -> str:
@@ -90,11 +97,61 @@ def tables(result: dict[str, Any], name: str) -> str:
                     "the median of the rounds' ratios. This machine's speed moves between two levels for every "
                     "contender alike, so a ratio of two medians can compare rounds taken at different levels; the "
                     "pool's targets (CPU <= 1.5x, throughput >= 0.9x) are read from the paired figures.", ""]
-    out += predecessor_table(result)
-    out += instructions_table(result)
-    out += flow_table(result)
-    out += sync_table(result)
     return "\n".join(out)
+
+
+def sections(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """The batch tables of the first file (`tables`) and its paired and predecessor tables, then each other table
+    from the first file that has it, naming that file when it is not the first."""
+    (first, main), out = results[0], []
+    if main.get("throughput"):
+        out.append(tables(main, first))
+    for make in (paired_table, predecessor_table, instructions_table, flow_table):
+        # the paired and the predecessor tables read the batch run the first file holds, never another's
+        for name, result in results if make not in (paired_table, predecessor_table) else results[:1]:
+            found = make(result)
+            if found:
+                if name != first or not main.get("throughput"):
+                    found = [f"From `benchmarks/results/{name}` ({result['date']}):", ""] + found
+                out.append("\n".join(found))
+                break
+    # the sync table's rows, each from the first file that measured it
+    rows: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+    for name, result in results:
+        for r in result.get("rows") or []:
+            rows.setdefault((r.get("scenario", ""), r.get("server") or "canned"), (name, r))
+    found = sync_table({"rows": [r for _, r in rows.values()]})
+    if found:
+        used = {name: (scenario, result_date(results, name)) for (scenario, _), (name, _r) in rows.items()
+                if any(scenario == s for s, _, _ in SYNC_SCENARIOS)}
+        if set(used) != {first} or not main.get("throughput"):
+            found = ["From " + ", ".join(f"`benchmarks/results/{n}` ({d})" for n, (_, d) in used.items()) + ":", ""] + found
+        out.append("\n".join(found))
+    return "\n".join(out)
+
+
+def result_date(results: list[tuple[str, dict[str, Any]]], name: str) -> str:
+    return next(str(r.get("date")) for n, r in results if n == name)
+
+
+def paired_table(result: dict[str, Any]) -> list[str]:
+    """Scenario d: `AsyncClient`'s and `run`'s CPU over raw aiohttp's, paired by round, with their targets."""
+    found = [r for r in result.get("rows") or [] if "CPU / raw aiohttp's paired by round" in r.get("scenario", "")]
+    if not found:
+        return []
+    medians = {r["scenario"]: r for r in result.get("rows") or [] if " CPU per request, conc " in r.get("scenario", "")}
+    out = ["**`AsyncClient` and `run` over raw aiohttp: CPU per request, paired by round (the median of each "
+           "round's ratio, both in the same round) and as the ratio of the medians**", "",
+           "| contender, in flight | paired by round | ratio of medians | target |", "|---|---|---|---|"]
+    for r in found:
+        label, conc = r["scenario"].removeprefix("d. ").split(" CPU / ")[0], r["scenario"].rsplit(" ", 1)[-1]
+        med = (medians.get(f"d. {label} CPU per request, conc {conc}", {}).get("ratios") or {}).get("aiohttp")
+        target, met = next(iter((r.get("targets") or {}).items()), ("—", None))
+        out.append(f"| `{label}`, {conc} | {_cell((r.get('values') or {}).get('kotoba'), '.3f')}x | "
+                   f"{_cell(med, '.3f')}{'x' if med is not None else ''} | {target.replace('aiohttp_max_', '<= ')}x "
+                   f"{_verdict(met)} |")
+    out.append("")
+    return out
 
 
 def instructions_table(result: dict[str, Any]) -> list[str]:
@@ -114,18 +171,19 @@ def instructions_table(result: dict[str, Any]) -> list[str]:
 
 def flow_table(result: dict[str, Any]) -> list[str]:
     """Scenario h: `run`'s CPU per request with flow control on over off, paired by round."""
-    found = [r for r in result.get("rows") or [] if r.get("scenario", "").startswith("h. flow control")]
+    found = [r for r in result.get("rows") or [] if r.get("scenario", "").startswith(("h. flow control", "h. the floor"))]
     if not found:
         return []
     out = ["**Flow control's cost: `run`'s CPU per request, on over `--flow-control off`, paired by round**", "",
            "| server, in flight | on / baseline | target | how read |", "|---|---|---|---|"]
     for r in found:
-        ratio = (r.get("values") or {}).get("kotoba")
+        values = r.get("values") or {}
+        ratio = values.get("kotoba", values.get("aiohttp"))  # the floor's row measures raw aiohttp
         target = next(iter(r.get("targets") or {}), "—")
         met = next(iter((r.get("targets") or {}).values()), None)
         out.append(f"| {r['scenario'].split('per request, ', 1)[-1]} | {_cell(ratio, '.3f')}x | "
                    f"{target.replace('off_max_', '<= ') + 'x' if target != '—' else target} "
-                   f"{'met' if met else '**missed**' if met is False else ''} | "
+                   f"{_verdict(met)} | "
                    f"{r.get('note') or ''} |")
     out.append("")
     return out
@@ -144,7 +202,7 @@ def predecessor_table(result: dict[str, Any]) -> list[str]:
         paired = (r.get("note") or "").split("; ", 1)[-1]
         out.append(f"| `{label}` | {_cell(values.get('kotoba'), '.3f')}x | {_cell(values.get('predecessor'), '.3f')}x "
                    f"({(r.get('note') or '').split('predecessor is ')[-1].split(';')[0]}) | "
-                   f"{'met' if met else '**missed**' if met is False else ''} | {paired} |")
+                   f"{_verdict(met)} | {paired} |")
     out.append("")
     return out
 
@@ -180,10 +238,10 @@ def sync_table(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("result", help="a result file under benchmarks/results/")
+    ap.add_argument("result", nargs="+", help="result files under benchmarks/results/")
     ap.add_argument("--write", action="store_true", help="replace the tables in benchmarks/README.md and README.md")
     a = ap.parse_args(argv)
-    text = tables(load(a.result), os.path.basename(a.result))
+    text = sections([(os.path.basename(p), load(p)) for p in a.result])
     if not a.write:
         print(text)
         return 0
@@ -199,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         with open(readme, "w", encoding="utf-8") as fh:
             fh.write(doc)
-        print(f"wrote the table from {a.result} into {os.path.normpath(readme)}")
+        print(f"wrote the tables from {', '.join(a.result)} into {os.path.normpath(readme)}")
     return 0
 
 
