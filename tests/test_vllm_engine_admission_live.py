@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from _vllm_engine import Holder, VllmEngine
+from _vllm_engine import BURST_SAMPLING, BURST_TOKENS, Holder, VllmEngine
 from kotoba_vllm import AdmissionRejected, AsyncClient, AsyncPool, Client, Message, Pool, Response, kw
 from kotoba_vllm._edn import read_all
 from kotoba_vllm.capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, probe_capacity, probe_pool
@@ -156,12 +156,12 @@ BURST = 6
 
 
 def test_a_burst_past_capacity_gets_answers_and_typed_refusals(vllm_admission: VllmEngine) -> None:
-    """Real load, nothing held: 6 at once at an engine that runs 1 and queues 1 more."""
+    """Real load, nothing held: 6 at once (seconds of decoding each) at an engine that runs 1 and queues 1 more."""
     vllm_admission.wait_queue(0, 0)
 
     async def go() -> list[Any]:
         async with AsyncClient(vllm_admission.base_url, backend="vllm", timeout=120.0) as c:
-            return await asyncio.gather(*(c.chat(HI, max_tokens=32, temperature=0.0) for _ in range(BURST)),
+            return await asyncio.gather(*(c.chat(HI, **BURST_SAMPLING) for _ in range(BURST)),
                                         return_exceptions=True)
     answered, refused = _outcomes(asyncio.run(go()))
     assert len(answered) + len(refused) == BURST and answered and refused
@@ -171,7 +171,8 @@ def test_a_burst_past_capacity_gets_answers_and_typed_refusals(vllm_admission: V
 def _run_burst(engine: VllmEngine, tmp_path: Path, *flags: str) -> list[Any]:
     engine.wait_queue(0, 0)
     lines = [f'{{:vllm/endpoint :chat :vllm/request-id "r{i}" :vllm/messages [{{:vllm/role :user :vllm/content "hi"}}]'
-             ' :vllm/sampling {:vllm/max-tokens 32 :vllm/temperature 0.0}}' for i in range(BURST)]
+             f' :vllm/min-tokens {BURST_TOKENS} :vllm/ignore-eos true'
+             f' :vllm/sampling {{:vllm/max-tokens {BURST_TOKENS} :vllm/temperature 0.0}}}}' for i in range(BURST)]
     src = tmp_path / "burst.edn"
     src.write_text("\n".join(lines) + "\n")
     p = subprocess.run([sys.executable, "-m", "kotoba_vllm", "run", str(src), "--base-url", engine.base_url,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from _vllm_engine import VllmEngine
+from _vllm_engine import BURST_SAMPLING, VllmEngine
 from kotoba_vllm import AdmissionRejected, AsyncClient, Message, Pool
 
 pytestmark = pytest.mark.live
@@ -27,14 +27,15 @@ def test_openai_python_resends_vllms_refusals_kotoba_does_not(vllm_admission: Vl
 
     async def kotoba() -> list[Any]:
         async with AsyncClient(vllm_admission.base_url, backend="vllm", timeout=120.0) as c:
-            return await asyncio.gather(*(c.chat([Message(role="user", content=ASK)], max_tokens=32,
-                                                 temperature=0.0) for _ in range(BURST)), return_exceptions=True)
+            return await asyncio.gather(*(c.chat([Message(role="user", content=ASK)], **BURST_SAMPLING)
+                                          for _ in range(BURST)), return_exceptions=True)
 
     async def peer() -> list[Any]:
         client = openai.AsyncOpenAI(base_url=vllm_admission.base_url + "/v1", api_key="x")  # default retries
         try:
             return await asyncio.gather(*(client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": ASK}], max_tokens=32, temperature=0.0)
+                model="tiny", messages=[{"role": "user", "content": ASK}], max_tokens=BURST_SAMPLING["max_tokens"],
+                temperature=0.0, extra_body={"min_tokens": BURST_SAMPLING["min_tokens"], "ignore_eos": True})
                 for _ in range(BURST)), return_exceptions=True)
         finally:
             await client.close()
