@@ -7,11 +7,17 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
+import httpx
 import pytest
 
 REQUIRE_LIVE = os.environ.get("KOTOBA_VLLM_REQUIRE_LIVE") == "1"
 # Setting any of these to "long" selects the slow profiles, as `-m slow` does.
 LONG_ENV = ("KOTOBA_VLLM_FUZZ", "KOTOBA_VLLM_HYGIENE", "KOTOBA_VLLM_LONG")
+# For live tests that read a loaded server's verdict, not a probe's deadline: the 1.5 s default read
+# timeout gives `capacity-unmeasured` whenever this 2-vCPU VM leaves the test process or the server
+# unscheduled for longer: beside vLLM's decoding CPU engine, a 20 ms sleep woke up to 10 s late.
+PATIENT_PROBE = httpx.Timeout(60.0)
+PATIENT_PROBE_S = "60"
 
 
 def unavailable(reason: str) -> NoReturn:

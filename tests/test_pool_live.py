@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from _live import unavailable
+from _live import PATIENT_PROBE, PATIENT_PROBE_S, unavailable
 from kotoba_vllm import AdmissionRejected, ChatRequest, Message, Sampling, kw, read_forms
 from kotoba_vllm.capacity import ALL_SLOTS_BUSY, SLOT_AVAILABLE, UNMEASURED, probe_pool
 from kotoba_vllm.capacity._parse import metric_sums
@@ -108,13 +108,13 @@ def test_busy_member_reported_busy_and_the_pool_sends_to_the_idle_one(servers: t
     a, b = servers
     busy = Busy(a)
     try:
-        rc, forms = run_cli(a, b, "--backend", "llamacpp")
+        rc, forms = run_cli(a, b, "--backend", "llamacpp", "--timeout", PATIENT_PROBE_S)
         assert rc == 0
         assert (forms[0][E], forms[0][V]) == (a, kw(ALL_SLOTS_BUSY))
         assert (forms[1][E], forms[1][V]) == (b, kw(SLOT_AVAILABLE))
         assert forms[2][kw("capacity/measured-busy")] == 1 and forms[2][kw("capacity/measured-available")] == 1
         before_b = counters(b)
-        with Pool([a, b], backend="llamacpp") as pool:
+        with Pool([a, b], backend="llamacpp", probe_timeout=PATIENT_PROBE) as pool:
             r = pool.chat("hello there", max_tokens=4)
         assert r.extras["pool/member"] == b and r.endpoint_url.startswith(b)
         assert r.extras["capacity/enforced?"] is True
@@ -128,7 +128,8 @@ def test_both_busy_the_pool_raises_and_nothing_reaches_either_server(servers: tu
     busy_a, busy_b = Busy(a), Busy(b)
     try:
         before = {u: counters(u) for u in servers}
-        with Pool([a, b], backend="llamacpp") as pool, pytest.raises(AdmissionRejected) as err:
+        with Pool([a, b], backend="llamacpp", probe_timeout=PATIENT_PROBE) as pool, \
+                pytest.raises(AdmissionRejected) as err:
             pool.chat("this must not be sent", max_tokens=4)
         assert err.value.reason == "all-slots-busy" and err.value.sent is False
         assert err.value.capacity[kw("capacity/measured-busy")] == 2
@@ -148,7 +149,7 @@ def test_closed_port_counts_as_unmeasured_not_empty(servers: tuple[str, str]) ->
 
     a, _ = servers
     closed = f"http://127.0.0.1:{free_port()}"
-    pool = probe_pool([closed, a], "llamacpp")
+    pool = probe_pool([closed, a], "llamacpp", timeout=PATIENT_PROBE)
     assert (pool.measured_available, pool.measured_busy, pool.unmeasured) == (1, 0, 1)
     assert pool.verdict == SLOT_AVAILABLE and pool.enforced is False  # one member's word is not the pool's
     gone = pool.answer_for(closed)
@@ -157,7 +158,7 @@ def test_closed_port_counts_as_unmeasured_not_empty(servers: tuple[str, str]) ->
     rc, forms = run_cli(closed, "--backend", "llamacpp")
     assert rc == 3 and forms[0][V] == kw(UNMEASURED) and forms[1][kw("capacity/unmeasured")] == 1
     assert forms[1][kw("capacity/measured-available")] == 0  # never counted as empty capacity
-    with Pool([closed, a], backend="llamacpp") as p:
+    with Pool([closed, a], backend="llamacpp", probe_timeout=PATIENT_PROBE) as p:
         r = p.chat("hi", max_tokens=2)  # the closed leader is passed over for the measured free member
     assert r.extras["pool/member"] == a
 
@@ -167,7 +168,7 @@ def test_second_turn_lands_on_the_member_that_served_the_first(servers: tuple[st
     first = ChatRequest(messages=(Message(role="system", content="You are a terse assistant."),
                                   Message(role="user", content="my name is Ada"),),
                         sampling=Sampling(max_tokens=8))
-    with Pool([a, b], backend="llamacpp") as pool:
+    with Pool([a, b], backend="llamacpp", probe_timeout=PATIENT_PROBE) as pool:
         busy = Busy(a)
         try:
             r1 = pool.send(first)  # a is busy: the conversation starts on b

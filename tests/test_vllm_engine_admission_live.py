@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from _live import PATIENT_PROBE, PATIENT_PROBE_S
 from _vllm_engine import BURST_SAMPLING, BURST_TOKENS, Holder, VllmEngine
 from kotoba_vllm import AdmissionRejected, AsyncClient, AsyncPool, Client, Message, Pool, Response, kw
 from kotoba_vllm._edn import read_all
@@ -41,8 +42,8 @@ def recorded_busy_message() -> str:
 
 def test_idle_engine_reads_available_with_nothing_running(vllm_admission: VllmEngine) -> None:
     vllm_admission.wait_queue(0, 0)
-    a = probe_capacity(vllm_admission.base_url, "vllm")
-    assert a.verdict == SLOT_AVAILABLE and a.enforced is True
+    a = probe_capacity(vllm_admission.base_url, "vllm", timeout=PATIENT_PROBE)
+    assert a.verdict == SLOT_AVAILABLE and a.enforced is True, a
     assert a.queue is not None and (a.queue.running, a.queue.waiting) == (0, 0)
 
 
@@ -61,8 +62,8 @@ def one_running(vllm_admission: VllmEngine) -> Iterator[VllmEngine]:
 class TestOneRunning:
     def test_a_running_request_alone_is_not_busy(self, one_running: VllmEngine) -> None:
         """Continuous batching: running requests alone do not make a new one wait in vLLM's queue."""
-        a = probe_capacity(one_running.base_url, "vllm")
-        assert a.verdict == SLOT_AVAILABLE and (a.queue.running, a.queue.waiting) == (1, 0)
+        a = probe_capacity(one_running.base_url, "vllm", timeout=PATIENT_PROBE)
+        assert a.verdict == SLOT_AVAILABLE and (a.queue.running, a.queue.waiting) == (1, 0), a
         assert a.queue.kv_cache_usage is not None and a.queue.kv_cache_usage > 0  # the real paged KV cache
 
 
@@ -84,18 +85,18 @@ def full(vllm_admission: VllmEngine, vllm_engine: VllmEngine) -> Iterator[VllmEn
 
 class TestFull:
     def test_a_waiting_request_makes_every_probe_read_busy(self, full: VllmEngine) -> None:
-        a = probe_capacity(full.base_url, "vllm")
-        assert a.verdict == ALL_SLOTS_BUSY and (a.queue.running, a.queue.waiting) == (1, 1)
-        with Pool([full.base_url], backend="vllm") as pool:
+        a = probe_capacity(full.base_url, "vllm", timeout=PATIENT_PROBE)
+        assert a.verdict == ALL_SLOTS_BUSY and (a.queue.running, a.queue.waiting) == (1, 1), a
+        with Pool([full.base_url], backend="vllm", probe_timeout=PATIENT_PROBE) as pool:
             assert pool.capacity().verdict == ALL_SLOTS_BUSY
 
         async def go() -> str:
-            async with AsyncPool([full.base_url], backend="vllm") as pool:
+            async with AsyncPool([full.base_url], backend="vllm", probe_timeout=PATIENT_PROBE) as pool:
                 return (await pool.capacity()).verdict
         assert asyncio.run(go()) == ALL_SLOTS_BUSY
         out = io.StringIO()
         with redirect_stdout(out):
-            rc = main(["capacity", full.base_url, "--backend", "vllm"])
+            rc = main(["capacity", full.base_url, "--backend", "vllm", "--timeout", PATIENT_PROBE_S])
         assert rc == 1 and read_all(out.getvalue())[0][kw("capacity/verdict")] == kw(ALL_SLOTS_BUSY)
 
 
@@ -128,7 +129,8 @@ class TestFull:
 
     def test_the_pool_refuses_before_sending_and_vllm_sees_nothing(self, full: VllmEngine) -> None:
         before = full.metrics()
-        with Pool([full.base_url], backend="vllm") as pool, pytest.raises(AdmissionRejected) as ei:
+        with Pool([full.base_url], backend="vllm", probe_timeout=PATIENT_PROBE) as pool, \
+                pytest.raises(AdmissionRejected) as ei:
             pool.chat("this must not be sent", max_tokens=4)
         assert ei.value.reason == "all-slots-busy" and ei.value.sent is False
         after = full.metrics()
@@ -138,7 +140,7 @@ class TestFull:
 
 
     def test_the_pool_sends_past_the_full_engine_to_an_idle_one(self, full: VllmEngine, vllm_engine: VllmEngine) -> None:
-        with Pool([full.base_url, vllm_engine.base_url], backend="vllm") as pool:
+        with Pool([full.base_url, vllm_engine.base_url], backend="vllm", probe_timeout=PATIENT_PROBE) as pool:
             r = pool.chat("hi", max_tokens=2)
         assert full.queue() == (1, 1)  # still full while the pool chose
         assert r.extras["pool/member"] == vllm_engine.base_url and r.endpoint_url.startswith(vllm_engine.base_url)
