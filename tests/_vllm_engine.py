@@ -59,12 +59,12 @@ STARTUP_TIMEOUT_S = float(os.environ.get("KOTOBA_VLLM_ENGINE_STARTUP_S", "420"))
 
 BASE_FLAGS = ("--load-format", "dummy", "--dtype", "float32", "--enforce-eager",
               "--max-model-len", str(MAX_MODEL_LEN))
-# name -> extra server flags. At most three of these start in the default test run.
+# name -> extra server flags. The default test run starts all four, side by side.
 CONFIGS: dict[str, tuple[str, ...]] = {
     # Compact JSON: random weights otherwise fill a JSON-schema answer with the whitespace the grammar allows.
     # --enable-request-id-headers: the answer's X-Request-Id is the id the engine used (read back as
     # :vllm/server-request-id, tests/test_vllm_fields_live.py)
-    # --scheduling-policy priority: lower `priority` values run first (tests/test_vllm_fields_live.py shows it;
+    # --scheduling-policy priority: lower `priority` values run first (the "priority" engine's test shows it;
     # `run --background` relies on it); equal priorities keep arrival order, as fcfs does.
     "default": ("--max-num-seqs", "4", "--enable-request-id-headers", "--scheduling-policy", "priority",
                 "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'),
@@ -74,6 +74,10 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     # occupying the slot for about 4 minutes, so a test process left unscheduled for half a minute (seen
     # here) still finds the engine as its fixture left it.
     "admission": ("--max-num-seqs", "1", "--max-num-queued-reqs", "2", "--max-model-len", "32768"),
+    # One slot under the priority policy, a 32,768-token context: one Holder keeps the slot for minutes while
+    # two requests of different priority wait behind it (tests/test_vllm_fields_live.py). On "default" four
+    # 2,000-token holders last about 7 s, shorter than this machine has left the test process unscheduled.
+    "priority": ("--max-num-seqs", "1", "--scheduling-policy", "priority", "--max-model-len", "32768"),
     # The tiny llama as a one-label sequence classifier: vLLM's own /rerank, /score, /classify, /pooling;
     # runtime LoRA loading and /reset_prefix_cache (CONFIG_ENV). Flags: kotoba_vllm/cassettes/_endpoint_sets.py.
     # --enable-request-id-headers: as "default", the X-Request-Id read back (tests/test_endpoints_vllm_live.py)

@@ -76,7 +76,7 @@ def clojure() -> Iterator[object]:
 
 # fixture name -> the tests/_vllm_engine.py configuration it serves
 VLLM_FIXTURES = {"vllm_engine": "default", "vllm_url": "default", "vllm_admission": "admission",
-                 "vllm_pooling": "pooling"}
+                 "vllm_pooling": "pooling", "vllm_priority": "priority"}
 
 
 @pytest.fixture(scope="session")
@@ -130,3 +130,9 @@ def vllm_pooling(vllm_engines: object) -> object:
 def vllm_admission(vllm_engines: object) -> object:
     """The real engine with `--max-num-seqs 1 --max-num-queued-reqs 2` (one runs, one waits): its own 503 engine-busy admission."""
     return _vllm(vllm_engines, "admission")
+
+
+@pytest.fixture(scope="session")
+def vllm_priority(vllm_engines: object) -> object:
+    """The real engine with one slot under `--scheduling-policy priority` and a 32,768-token context."""
+    return _vllm(vllm_engines, "priority")

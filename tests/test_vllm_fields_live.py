@@ -86,90 +86,96 @@ def _finished_requests(metrics: dict[str, float]) -> float:
 
 
 def _held(engine: Any, waiting: int, finished_before: float) -> bool:
-    """Wait until all 4 slots are held and `waiting` requests wait. False when a request ran to its end
-    meanwhile: a holder ran out (2,000 tokens take the 4 about 7 s, and this machine can leave the test
-    process unscheduled for seconds), or a waiting request took the slot it freed."""
+    """Wait until the one slot is held and `waiting` requests wait. False when a request ran to its end
+    meanwhile: the holder ran out (32,000 tokens, minutes), or a waiting request took the slot it freed."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         m = engine.metrics()
         if _finished_requests(m) > finished_before:
             return False
-        if (family_sum(m, "vllm:num_requests_running"), family_sum(m, "vllm:num_requests_waiting")) == (4, waiting):
+        if (family_sum(m, "vllm:num_requests_running"), family_sum(m, "vllm:num_requests_waiting")) == (1, waiting):
             return True
         time.sleep(0.1)
-    raise AssertionError(f"vLLM's queue never read running=4 waiting={waiting} (now {engine.queue()})")
+    raise AssertionError(f"vLLM's queue never read running=1 waiting={waiting} (now {engine.queue()})")
 
 
-ANSWER_TOKENS = 100  # each waiting request's answer: a fraction of a second of decoding beside 3 holders
-SAME_WAKE_S = 0.05  # two answers handed over closer than this came in while the test process was not running
+WAITER_TOKENS = 30000  # each waiting request's stream: minutes of decoding, ended by closing it (an abort)
 
 
-def _one_slot_freed_under_two_waiting(engine: Any, url: str, side: str) -> list[str] | None:
-    """The order the batch and interactive requests finished in, or None when the attempt is void:
-    more than the one slot we free came free while they waited, or the test process was not running
-    while both finished."""
+def _first_to_run_when_the_slot_frees(engine: Any, side: str) -> list[str] | None:
+    """Which of the batch and interactive streams got its first token first, or None when the attempt is void
+    (the holder ran out before we freed its slot). Each stream stays open until told to stop, so the one
+    vLLM runs first keeps the only slot, and the other can get a token only after that one is closed: an
+    order by cause, which a test process left unscheduled for a while cannot change."""
     engine.wait_queue(0, 0)
     finished_before = _finished_requests(engine.metrics())
-    holders = [Holder(engine, max_tokens=2000) for _ in range(4)]
-    finished: list[tuple[str, float]] = []
-    # Each of the two decodes for a while, so the second can finish only that long after the first
-    # (it runs in the slot the first leaves): a gap the client sees unless its process was not running.
-    sampling = {"max_tokens": ANSWER_TOKENS, "min_tokens": ANSWER_TOKENS, "ignore_eos": True}
+    holder = Holder(engine)
+    started: list[str] = []
+    stop = threading.Event()
 
-    def send(label: str, priority: int) -> None:
+    def stream(label: str, priority: int) -> None:
         if side == "sync":
-            with Client(url, backend="vllm", timeout=300.0) as c:
-                c.chat("hi", priority=priority, **sampling)
+            with Client(engine.base_url, backend="vllm", timeout=300.0) as c, \
+                    c.stream_chat("hi", priority=priority, max_tokens=WAITER_TOKENS, min_tokens=WAITER_TOKENS,
+                                  ignore_eos=True) as s:
+                for _ in s:
+                    started.append(label)
+                    stop.wait(300)
+                    return
         else:
             async def go() -> None:
-                async with AsyncClient(url, backend="vllm", timeout=300.0) as c:
-                    await c.chat("hi", priority=priority, **sampling)
+                async with AsyncClient(engine.base_url, backend="vllm", timeout=300.0) as c:
+                    async with await c.stream_chat("hi", priority=priority, max_tokens=WAITER_TOKENS,
+                                                   min_tokens=WAITER_TOKENS, ignore_eos=True) as s:
+                        async for _ in s:
+                            started.append(label)
+                            await asyncio.to_thread(stop.wait, 300)
+                            return
             asyncio.run(go())
-        finished.append((label, time.monotonic()))
 
-    threads = [threading.Thread(target=send, args=("batch", 10)), threading.Thread(target=send, args=("interactive", 0))]
+    threads = {label: threading.Thread(target=stream, args=(label, prio))
+               for label, prio in (("batch", 10), ("interactive", 0))}
     try:
         if not _held(engine, 0, finished_before):
             return None
-        threads[0].start()
+        threads["batch"].start()
         if not _held(engine, 1, finished_before):
             return None
-        threads[1].start()
+        threads["interactive"].start()
         if not _held(engine, 2, finished_before):
             return None
-        holders.pop().close()  # one slot frees: vLLM aborts that request
-        for t in threads:
-            t.join(timeout=120)
-        if _finished_requests(engine.metrics()) - finished_before != 2:
-            return None  # a holder ran out too: two slots came free, and both waiting requests ran at once
+        holder.close()  # the slot frees: vLLM aborts the holder and runs one of the two
+        deadline = time.monotonic() + 120
+        while not started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started, f"neither waiting request got a token within 120 s of the slot freeing ({engine.queue()})"
+        first = started[0]
+        stop.set()
+        threads[first].join(timeout=120)  # closing the first stream frees the slot for the second
+        other = next(t for label, t in threads.items() if label != first)
+        other.join(timeout=120)
+        assert not other.is_alive(), "the second request never got a token after the first was closed"
     finally:
-        for h in holders:
-            h.close()
-        for t in threads:
+        holder.close()  # a socket closes once; again is a no-op
+        stop.set()
+        for t in threads.values():
             if t.ident is not None:
                 t.join(timeout=120)
-    assert len(finished) == 2, f"not both answered within 120 s: {finished}"
-    (first, t_first), (second, t_second) = finished
-    if t_second - t_first < SAME_WAKE_S:
-        return None  # both answers were in when the process ran again: their order here says nothing
-    return [first, second]
+    return started
 
 
 @pytest.mark.parametrize("side", ["sync", "async"])
-def test_under_priority_scheduling_a_later_lower_priority_request_runs_first(vllm_engine: Any, vllm_url: str,
-                                                                              side: str) -> None:
-    """The default engine runs `--scheduling-policy priority`. With its 4 slots held by real requests, a batch
-    request (priority 10, as `run --background` sends) waits, then an interactive one (priority 0) waits behind
-    it; when one slot frees, vLLM runs the interactive one first - fcfs would run the batch one. An attempt in
-    which a holder ran out first, or both answers came in while the test process was not running, proves
-    nothing and is tried again, up to three times."""
+def test_under_priority_scheduling_a_later_lower_priority_request_runs_first(vllm_priority: Any, side: str) -> None:
+    """The `priority` engine runs `--scheduling-policy priority` with one slot. With the slot held by a real
+    request, a batch request (priority 10, as `run --background` sends) waits, then an interactive one
+    (priority 0) waits behind it; when the slot frees, vLLM runs the interactive one first - fcfs would run the
+    batch one. An attempt in which the holder ran out first proves nothing and is tried again, up to three times."""
     for _ in range(3):
-        order = _one_slot_freed_under_two_waiting(vllm_engine, vllm_url, side)
+        order = _first_to_run_when_the_slot_frees(vllm_priority, side)
         if order is not None:
             assert order == ["interactive", "batch"]
             return
-    pytest.fail("in three attempts a holder always ran out before the two requests waited behind the full engine,"
-                " or both answers came in while the test process was not running")
+    pytest.fail("in three attempts the holder always ran out before the two requests waited behind it")
 
 
 def test_the_engine_answers_with_the_request_id_we_sent(client: Client) -> None:
