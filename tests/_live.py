@@ -16,8 +16,9 @@ LONG_ENV = ("KOTOBA_VLLM_FUZZ", "KOTOBA_VLLM_HYGIENE", "KOTOBA_VLLM_LONG")
 # For live tests that read a loaded server's verdict, not a probe's deadline: the 1.5 s default read
 # timeout gives `capacity-unmeasured` whenever this 2-vCPU VM leaves the test process or the server
 # unscheduled for longer: beside vLLM's decoding CPU engine, a 20 ms sleep woke up to 10 s late.
-PATIENT_PROBE = httpx.Timeout(60.0)
-PATIENT_PROBE_S = "60"
+PATIENT_PROBE_SECONDS = 60.0
+PATIENT_PROBE = httpx.Timeout(PATIENT_PROBE_SECONDS)
+PATIENT_PROBE_S = str(PATIENT_PROBE_SECONDS)  # the same, for the CLI's --timeout
 
 
 def unavailable(reason: str) -> NoReturn:
