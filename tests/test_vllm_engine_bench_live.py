@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,14 @@ def bench_report(vllm_engine: VllmEngine, tmp_path_factory: pytest.TempPathFacto
     # The engine is the session's: a request an earlier test gave up on (a deadline, a closed stream) can still be
     # decoding, and its tokens would land in the counter deltas bench reads. Start from an idle engine.
     vllm_engine.wait_queue(0, 0)
+    # ...and its token counters at rest: the gauges can read idle a step before the last tokens are counted
+    # (a CI run's bench once read vLLM's decode count one above its own).
+    def tokens() -> tuple[float, float]:
+        return vllm_engine.metric("vllm:generation_tokens_total"), vllm_engine.metric("vllm:prompt_tokens_total")
+    counted = None
+    while (now := tokens()) != counted:
+        counted = now
+        time.sleep(1.0)
     cmd = [sys.executable, "-m", "kotoba_vllm", "bench", "--base-url", vllm_engine.base_url, "--backend", "vllm",
            "--requests", "4", "--max-tokens", "48", "--concurrency", "1,4", "--long-prompt-tokens", "600",
            "--output", str(out), "-q"]
